@@ -1,0 +1,30 @@
+# Fresh machine: `make run` sets up .venv and answers a sample prompt on the embedded default;
+# `make test` sets up .venv and runs every test (CI runs this).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+PROMPT  ?= What is the capital of France?
+
+.PHONY: setup run test bench clean
+
+$(BIN)/spectui: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU machines: take the CPU build of torch first, or pip pulls a CUDA build of several GB.
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/spectui
+
+setup: $(BIN)/spectui
+
+run: setup
+	$(BIN)/spectui generate "$(PROMPT)"
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/spectui bench --prompts ../shared/data/vicuna_bench_questions.jsonl --json docs/bench.json
+
+clean:
+	rm -rf $(VENV) *.egg-info
