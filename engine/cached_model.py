@@ -1,0 +1,82 @@
+"""CachedModel: a causal LM plus its KV cache, fed chains or whole token trees.
+
+Both the verifier and the model drafters use it. The cache holds the key/values of a prefix of
+committed tokens; a tree forward appends the tree's nodes after that prefix, and `keep` then
+retains only chosen sequence positions (the accepted path), in order, in every layer:
+
+    keys[l] : [B, Hkv, S, D]  ->  keys[l].index_select(2, keep)  : [B, Hkv, len(keep), D]
+
+Tree forward (SpecInfer's tree-based parallel decoding): one pass over all N nodes with
+position_ids = prefix_len + depth and a 4-D boolean mask [1, 1, N, prefix_len + N] in which a
+node sees the prefix and its ancestors only. It reproduces, to float tolerance, the logits each
+node would get from a plain forward over its root-to-node chain.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .tree import TokenTree
+
+
+class CachedModel:
+    def __init__(self, model) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward_chain(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:
+        """Append a causal chain of tokens to the cache; logits [T, V] in fp32 ([1, V] if last_only)."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
+        start = self.length
+        positions = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, T]
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits[0].float()
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: TokenTree, nodes: list[int] | None = None) -> torch.Tensor:
+        """Append tree nodes (default all, in order) to the cache in ONE pass; logits [len(nodes), V].
+
+        With `nodes` a suffix of the tree (nodes[0] > 0), earlier nodes must already sit in the
+        cache right after the committed prefix, in tree order (how drafters grow trees by depth).
+        """
+        nodes = list(range(len(tree))) if nodes is None else nodes
+        first = nodes[0]
+        prefix_len = self.length - first  # committed prefix; tree nodes [0, first) follow it
+        ids = torch.tensor([[tree.tokens[i] for i in nodes]], dtype=torch.long, device=self.device)  # [1, T]
+        positions = tree.position_ids(prefix_len, self.device)[nodes][None]  # [1, T]
+        full = tree.attention_mask(prefix_len, self.device)  # [1, 1, N, prefix + N]
+        mask = full[:, :, nodes, : prefix_len + nodes[-1] + 1]  # [1, 1, T, prefix + first + T]
+        out = self.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
+        )
+        return out.logits[0].float()
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep only these sequence positions of the cache, in this order (all layers)."""
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+
+    def crop(self, length: int) -> None:
+        """Drop everything after the first `length` positions."""
+        if self.length > length:
+            self.keep(list(range(length)))

@@ -1,0 +1,210 @@
+"""SpeculativeEngine: SpecInfer-style tree speculation as a generator of StepEvents.
+
+One step (one verifier forward pass):
+
+    draft_tree      every speculator adds its branches below the root (merged TokenTree)
+    score_tree      the verifier scores all N nodes at once over its KV cache   logits [N, V]
+    accept_branch   greedy or MSS picks the accepted branch and the bonus token
+    commit_branch   the verifier cache keeps prefix + root + accepted nodes, in order
+    yield StepEvent
+
+Cache invariant: the verifier cache holds every committed token except the newest one, which
+is the root of the next tree. The prefill computes the first token (step 0), so incremental
+decoding (no speculators: the tree is the root alone) is the same loop, one token per step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .accept import accept_greedy, accept_stochastic, sample_token, target_probs
+from .cached_model import CachedModel
+from .events import BONUS_SOURCE, StepEvent, TreeNode
+from .settings import GenerationSettings
+from .text import IncrementalDecoder
+from .tree import TokenTree
+
+
+@dataclass
+class StepResult:
+    tree: TokenTree
+    accepted: list[int]
+    bonus: int
+    draft_ms: float
+    verify_ms: float
+
+
+@dataclass
+class RunningStats:
+    started: float = field(default_factory=time.perf_counter)
+    steps: int = 0  # verifier steps after the prefill
+    tokens: int = 0  # committed new tokens, the prefill's included
+    step_tokens: int = 0  # committed by speculation steps
+    drafted: int = 0
+    accepted: int = 0
+
+    def fill(self, event: StepEvent) -> StepEvent:
+        elapsed = time.perf_counter() - self.started
+        event.total_tokens = self.tokens
+        event.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
+        event.mean_accepted = self.step_tokens / self.steps if self.steps else 0.0
+        event.elapsed_s = elapsed
+        event.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
+        return event
+
+
+class SpeculativeEngine:
+    def __init__(self, verifier, tokenizer, drafters=(), stop_token_ids=(), attention_backend: str = "torch"):
+        self.verifier = CachedModel(verifier)
+        self.tokenizer = tokenizer
+        self.drafters = list(drafters)
+        self.stop_token_ids = set(stop_token_ids)
+        self.attention_backend = attention_backend
+
+    @property
+    def speculator_names(self) -> list[str]:
+        return [d.name for d in self.drafters]
+
+    def generate(
+        self, prompt_ids: list[int], settings: GenerationSettings, stop: threading.Event | None = None
+    ) -> Iterator[StepEvent]:
+        """Yield one StepEvent per verifier step until end of turn, max_new_tokens or `stop`."""
+        generator = torch.Generator().manual_seed(settings.seed if settings.seed is not None else 0)
+        if settings.seed is None:
+            generator.seed()
+        drafters = self.drafters if settings.speculate else []
+        self.verifier.reset()
+        for drafter in drafters:
+            drafter.reset()
+        stats = RunningStats()
+        decoder = IncrementalDecoder(self.tokenizer)
+        committed = list(prompt_ids)
+
+        start = time.perf_counter()
+        logits = self.verifier.forward_chain(committed, last_only=True)  # [1, V]
+        first = self.pick_token(logits, settings, generator)
+        result = StepResult(TokenTree(), [], first, 0.0, (time.perf_counter() - start) * 1000)
+        step = 0
+        while True:
+            event, committed_now = self.build_event(step, result, committed, settings, stats, decoder)
+            committed += committed_now
+            if event.finished:  # a cut at end of turn or max_new_tokens: keep the invariant anyway
+                self.verifier.crop(len(committed) - 1)
+            if not event.finished and stop is not None and stop.is_set():
+                event.finished, event.stop_reason = True, "stopped"
+            yield event
+            if event.finished:
+                return
+            step += 1
+            result = self.speculate_step(committed, drafters, settings, generator)
+
+    def pick_token(self, logits: torch.Tensor, settings: GenerationSettings, generator) -> int:
+        if settings.greedy:
+            return int(logits[-1].argmax())
+        return sample_token(target_probs(logits[-1:], settings.temperature, settings.top_p)[0], generator)
+
+    def speculate_step(self, committed: list[int], drafters, settings, generator) -> StepResult:
+        t0 = time.perf_counter()
+        tree = self.draft_tree(committed, drafters, settings)
+        t1 = time.perf_counter()
+        logits = self.score_tree(tree)  # [N, V]
+        accepted, bonus = self.accept_branch(tree, logits, settings, generator)
+        self.commit_branch(tree, accepted)
+        t2 = time.perf_counter()
+        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000)
+
+    def draft_tree(self, committed: list[int], drafters, settings) -> TokenTree:
+        tree = TokenTree.with_root(committed[-1])
+        for source, drafter in enumerate(drafters):
+            drafter.draft(committed, tree, source, settings.tree_shape)
+        return tree
+
+    def score_tree(self, tree: TokenTree) -> torch.Tensor:
+        if len(tree) == 1:  # incremental decoding: a plain one-token step
+            return self.verifier.forward_chain(tree.tokens)
+        return self.verifier.forward_tree(tree)
+
+    def accept_branch(self, tree: TokenTree, logits, settings, generator) -> tuple[list[int], int]:
+        if settings.greedy:
+            accepted, bonus = accept_greedy(tree, logits)
+            probs = torch.softmax(logits, dim=-1)  # for display only
+        else:
+            probs = target_probs(logits, settings.temperature, settings.top_p)
+            accepted, bonus = accept_stochastic(tree, probs, generator)
+        for i in range(1, len(tree)):
+            tree.verifier_probs[i] = float(probs[tree.parents[i], tree.tokens[i]])
+        return accepted, bonus
+
+    def commit_branch(self, tree: TokenTree, accepted: list[int]) -> None:
+        prefix = self.verifier.length - len(tree)
+        self.verifier.keep(list(range(prefix)) + [prefix + i for i in [0, *accepted]])
+
+    def build_event(self, step, result: StepResult, committed, settings, stats: RunningStats, decoder):
+        """Turn a step's outcome into a StepEvent; cut at end of turn or max_new_tokens."""
+        tree = result.tree
+        tokens = [tree.tokens[i] for i in result.accepted] + [result.bonus]
+        origins = [self.origin(tree.sources[i]) for i in result.accepted] + [BONUS_SOURCE]
+        budget = settings.max_new_tokens - stats.tokens
+        stop_reason = None
+        for k, token in enumerate(tokens[:budget]):
+            if token in self.stop_token_ids:
+                tokens, stop_reason = tokens[: k + 1], "eos"
+                break
+        if stop_reason is None and len(tokens) >= budget:
+            tokens, stop_reason = tokens[:budget], "length"
+        origins = origins[: len(tokens)]
+        accepted_ids = result.accepted[: len(tokens)]
+        bonus_used = len(tokens) == len(result.accepted) + 1
+
+        if step > 0:
+            stats.steps += 1
+            stats.step_tokens += len(tokens)
+            stats.drafted += len(tree) - 1
+            stats.accepted += len(result.accepted)
+        stats.tokens += len(tokens)
+        text_tokens = [t for t in tokens if t not in self.stop_token_ids]
+        event = StepEvent(
+            step=step,
+            tree=self.describe_tree(tree),
+            accepted=accepted_ids,
+            bonus_token=result.bonus if bonus_used else None,
+            bonus_text=self.token_text(result.bonus) if bonus_used else "",
+            new_tokens=tokens,
+            new_text=decoder.push(text_tokens, final=stop_reason is not None),
+            token_origins=origins,
+            drafted=max(len(tree) - 1, 0),
+            accepted_count=len(result.accepted),
+            draft_ms=result.draft_ms,
+            verify_ms=result.verify_ms,
+            attention_backend=self.attention_backend,
+            finished=stop_reason is not None,
+            stop_reason=stop_reason,
+        )
+        return stats.fill(event), tokens
+
+    def origin(self, source_mask: int) -> str:
+        names = [d.name for k, d in enumerate(self.drafters) if source_mask >> k & 1]
+        return "+".join(names) if names else BONUS_SOURCE
+
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def describe_tree(self, tree: TokenTree) -> list[TreeNode]:
+        return [
+            TreeNode(
+                id=i,
+                parent=tree.parents[i],
+                depth=tree.depths[i],
+                token_id=tree.tokens[i],
+                text=self.token_text(tree.tokens[i]),
+                sources=[d.name for k, d in enumerate(self.drafters) if tree.sources[i] >> k & 1],
+                draft_prob=tree.draft_probs[i] if i else None,
+                verifier_prob=tree.verifier_probs[i],
+            )
+            for i in range(len(tree))
+        ]

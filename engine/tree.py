@@ -1,0 +1,123 @@
+"""TokenTree: the speculated token tree as flat arrays (SpecInfer §3, "token tree").
+
+Node 0 is the root: the newest committed token, whose key/values are not yet in any cache.
+Every other node is a speculated token whose parent index is smaller than its own, so the
+arrays are in topological order. Children of one parent carry distinct tokens: adding a token
+that already hangs under a parent merges into that node and ORs in the source bit — that is how
+the trees of several speculators merge into one (shared prefixes merged, sources kept).
+
+Derived views:
+- ancestor mask  M[i, j] = True iff j == i or j is an ancestor of i          [N, N]
+- position ids   pos[i] = prefix_len + depth[i]                                [N]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TokenTree:
+    tokens: list[int] = field(default_factory=list)  # [N] token ids
+    parents: list[int] = field(default_factory=list)  # [N] parent index, -1 for the root
+    depths: list[int] = field(default_factory=list)  # [N] 0 for the root
+    sources: list[int] = field(default_factory=list)  # [N] bitmask of proposing speculators
+    draft_probs: list[float] = field(default_factory=list)  # [N] max draft prob over sources
+    verifier_probs: list[float | None] = field(default_factory=list)  # [N] filled by verification
+
+    @classmethod
+    def with_root(cls, token: int) -> "TokenTree":
+        tree = cls()
+        tree._append(token, -1, 0, 0, 1.0)
+        return tree
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def _append(self, token: int, parent: int, depth: int, source_mask: int, prob: float) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.depths.append(depth)
+        self.sources.append(source_mask)
+        self.draft_probs.append(float(prob))
+        self.verifier_probs.append(None)
+        return len(self.tokens) - 1
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def child_with_token(self, node: int, token: int) -> int | None:
+        for i, p in enumerate(self.parents):
+            if p == node and self.tokens[i] == token:
+                return i
+        return None
+
+    def add(self, parent: int, token: int, source: int, prob: float) -> int:
+        """Hang `token` under `parent` for speculator number `source`; merge with an equal sibling."""
+        bit = 1 << source
+        existing = self.child_with_token(parent, token)
+        if existing is not None:
+            self.sources[existing] |= bit
+            self.draft_probs[existing] = max(self.draft_probs[existing], float(prob))
+            return existing
+        return self._append(token, parent, self.depths[parent] + 1, bit, prob)
+
+    def add_path(self, tokens: list[int], source: int, probs: list[float] | None = None) -> list[int]:
+        """Add a chain of tokens below the root; returns the node ids along it."""
+        node, ids = 0, []
+        for k, token in enumerate(tokens):
+            node = self.add(node, token, source, probs[k] if probs else 1.0)
+            ids.append(node)
+        return ids
+
+    def merge(self, other: "TokenTree") -> None:
+        """Union `other` (same root token) into this tree, keeping its source bits."""
+        if other.tokens[0] != self.tokens[0]:
+            raise ValueError("cannot merge trees with different roots")
+        mapping = {0: 0}
+        for i in range(1, len(other)):
+            parent = mapping[other.parents[i]]
+            existing = self.child_with_token(parent, other.tokens[i])
+            if existing is None:
+                mapping[i] = self._append(other.tokens[i], parent, self.depths[parent] + 1, other.sources[i], other.draft_probs[i])
+            else:
+                self.sources[existing] |= other.sources[i]
+                self.draft_probs[existing] = max(self.draft_probs[existing], other.draft_probs[i])
+                mapping[i] = existing
+
+    def path_to(self, node: int) -> list[int]:
+        """Node ids from the root's first child down to `node` (root excluded)."""
+        path = []
+        while node > 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def ancestor_mask(self, device=None) -> torch.Tensor:
+        """[N, N] bool, M[i, j] = j is i or an ancestor of i (parents precede children)."""
+        n = len(self)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            mask[i, i] = True
+            parent = self.parents[i]
+            if parent >= 0:
+                mask[i] |= mask[parent]
+        return mask.to(device) if device is not None else mask
+
+    def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
+        """[N] positions: prefix length + depth."""
+        return torch.tensor(self.depths, dtype=torch.long, device=device) + prefix_len
+
+    def attention_mask(self, prefix_len: int, device=None) -> torch.Tensor:
+        """[1, 1, N, prefix_len + N] bool: every node sees the whole prefix and its own ancestors."""
+        n = len(self)
+        mask = torch.ones(n, prefix_len + n, dtype=torch.bool)
+        mask[:, prefix_len:] = self.ancestor_mask()
+        mask = mask[None, None]
+        return mask.to(device) if device is not None else mask

@@ -1,0 +1,32 @@
+"""The n-gram (prompt lookup) drafter proposes what followed the longest matching suffix."""
+
+from spectui.engine.drafters import NGramDrafter
+from spectui.engine.tree import TokenTree
+
+
+def test_longest_suffix_wins_and_most_recent_first():
+    d = NGramDrafter(max_ngram=3, depth=3, branches=2)
+    history = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 1, 2, 3]
+    # suffix (1, 2, 3) occurred at the start, followed by 4, 9, 2
+    assert d.propose(history) == [[4, 9, 2]]
+    d2 = NGramDrafter(max_ngram=2, depth=2, branches=2)
+    # suffix (2, 3): most recent earlier occurrence at index 5 -> (5, 6), then index 1 -> (4, 9)
+    assert d2.propose(history) == [[5, 6], [4, 9]]
+
+
+def test_no_match_proposes_nothing_and_tree_keeps_only_root():
+    d = NGramDrafter()
+    tree = TokenTree.with_root(42)
+    d.draft([1, 2, 3, 42], tree, source=0, shape=(2, 2))
+    assert d.propose([1, 2, 3, 42]) == []
+    assert len(tree) == 1
+
+
+def test_draft_adds_chains_below_root_with_source_bit():
+    d = NGramDrafter(max_ngram=2, depth=2, branches=2)
+    history = [7, 8, 1, 7, 8]
+    tree = TokenTree.with_root(8)
+    d.draft(history, tree, source=2, shape=(1,))
+    assert tree.tokens[1:] == [1, 7]
+    assert tree.parents[1:] == [0, 1]
+    assert all(s == 1 << 2 for s in tree.sources[1:])
