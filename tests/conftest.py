@@ -1,0 +1,42 @@
+"""Shared fixtures: a throwaway SPECTUI_HOME for the whole session, and the embedded model folder.
+
+The converted embedded model lives in a persistent test cache (SPECTUI_TEST_MODELS, else
+~/.cache/spectui-tests/models) so only the first run on a machine fetches and converts it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+def models_test_root() -> Path:
+    """Persistent cache root for models the tests need (kept across runs, unlike SPECTUI_HOME)."""
+    root = os.environ.get("SPECTUI_TEST_MODELS")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "spectui-tests" / "models"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spectui_home(tmp_path_factory: pytest.TempPathFactory):
+    """Point SPECTUI_HOME at a temp dir for the session so no test touches the real user dirs."""
+    home = tmp_path_factory.mktemp("spectui-home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SPECTUI_HOME", str(home))
+    yield home
+    patch.undo()
+
+
+@pytest.fixture(scope="session")
+def embedded_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct folder (fetched and converted on first use)."""
+    from spectui import paths
+    from spectui.engine.embedded import EMBEDDED_NAME, ensure_embedded
+
+    folder = ensure_embedded(models_test_root())
+    link = paths.models_dir() / EMBEDDED_NAME  # what the CLI and the app look up, under SPECTUI_HOME
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(folder, target_is_directory=True)
+    return folder
