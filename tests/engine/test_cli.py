@@ -1,0 +1,138 @@
+"""The `spectui` command as a user runs it: a real process, the real embedded model.
+
+SPECTUI_HOME points at the session's temp dir, where the embedded model folder is linked in
+(tests/conftest.py), so nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spectui.engine.events import StepEvent, read_trace
+
+SPECTUI = [sys.executable, "-m", "spectui.cli"]
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vicuna_bench_questions.jsonl"
+
+
+def spectui(*args, timeout=300):
+    return subprocess.run([*SPECTUI, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+
+
+def one_clean_line(result):
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_generate_answers_paris_with_summary(embedded_dir, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    result = spectui("generate", "What is the capital of France?", "--max-new-tokens", "32", "--trace", str(trace))
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    summary = result.stderr.strip().splitlines()[-1]
+    assert "tokens/s" in summary and "tokens per verifier step" in summary and "acceptance" in summary
+    assert "attention torch" in summary and "nf4 on cpu" in summary
+    info, events = read_trace(trace)
+    assert info.model == "smollm2-135m" and info.ssms == ["ngram"]
+    assert "".join(e.new_text for e in events).strip() == result.stdout.strip()
+    assert events[-1].finished and events[0].step == 0
+
+
+@pytest.mark.slow
+def test_generate_json_prints_step_events(embedded_dir):
+    result = spectui("generate", "Count from 1 to 5.", "--max-new-tokens", "16", "--json", "--no-spec")
+    assert result.returncode == 0, result.stderr
+    events = [StepEvent.from_json(line) for line in result.stdout.splitlines()]
+    assert [e.step for e in events] == list(range(len(events)))
+    assert all(len(e.new_tokens) == 1 for e in events)  # --no-spec: one token per verifier step
+    assert events[-1].finished
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["generate", "hi", "--model", "no-such-model"], "smollm2-135m, llama-7b"),
+        (["generate", "hi", "--model", "/no/such/folder"], "no such file or folder"),
+        (["generate", "   "], "prompt is empty"),
+        (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens"),
+        (["generate", "hi", "--tree", "2,x"], "--tree"),
+        (["generate", "hi", "--tree", "0,1"], "--tree"),
+        (["generate", "hi", "--quant", "q3"], "--quant"),
+        (["generate", "hi", "--top-p", "0"], "top-p"),
+        (["bench", "--prompts", "/no/such/prompts.jsonl"], "cannot read prompts"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    result = spectui(*args)
+    assert result.returncode == 2, result.stderr
+    assert needle in one_clean_line(result)
+
+
+@pytest.mark.slow
+def test_mismatched_ssm_vocabulary_exits_2(embedded_dir, tiny_dirs):
+    result = spectui("generate", "hi", "--ssm", str(tiny_dirs["foreign"]))
+    assert result.returncode == 2
+    assert "vocabulary" in one_clean_line(result)
+
+
+def test_models_json_lists_presets(embedded_dir):
+    result = spectui("models", "--json")
+    assert result.returncode == 0, result.stderr
+    presets = {p["name"]: p for p in json.loads(result.stdout)["presets"]}
+    assert set(presets) == {"smollm2-135m", "llama-7b"}
+    assert presets["smollm2-135m"]["cached"] is True
+    assert presets["llama-7b"]["cached"] is False
+    assert presets["llama-7b"]["verifier"] == "huggyllama/llama-7b"
+    assert presets["llama-7b"]["ssms"][:2] == ["JackFram/llama-68m", "JackFram/llama-160m"]
+    for p in presets.values():
+        assert set(p) >= {"name", "verifier", "ssms", "source", "cached"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_and_keeps_output(embedded_dir):
+    proc = subprocess.Popen(
+        [*SPECTUI, "generate", "Write a long essay about the history of Rome.", "--max-new-tokens", "400"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+    )
+    first = proc.stdout.read(20)  # wait until the answer streams
+    assert first
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 10
+    assert "Traceback" not in err
+    assert proc.returncode == 130
+    assert "stopped" in err
+    assert len(first + out) > 20
+
+
+@pytest.mark.slow
+def test_bench_reports_identical_outputs(embedded_dir, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("What is the capital of France?\nRepeat: red green blue red green blue\n")
+    result = spectui("bench", "--prompts", str(prompts), "--max-new-tokens", "16", "--json", "-", timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["prompts"] == 2 and report["compared_outputs"] == 2
+    assert report["identical_outputs"] == 2 and report["identical_to_hf_generate"] == 2
+    assert set(report["methods"]) == {"incremental", "hf-generate", "hf-assisted", "speculative"}
+    assert report["methods"]["speculative"]["mean_accepted"] >= 1.0
+    assert report["speedup_vs_incremental"] > 0 and report["speedup_vs_hf_assisted"] > 0
+    assert "speculative vs" in result.stderr
+
+
+def test_bench_reads_vicuna_jsonl():
+    from spectui.bench import read_prompts
+
+    prompts = read_prompts(DATA, limit=3)
+    assert prompts[0] == "How can I improve my time management skills?" and len(prompts) == 3

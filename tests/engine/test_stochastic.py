@@ -1,0 +1,84 @@
+"""Stochastic losslessness on a real small model (the embedded verifier).
+
+The tree for a fixed context comes from real drafters (the unquantised model as a near-perfect
+SSM, plus the n-gram drafter), and the verifier scores it in one tree forward. MSS then draws
+30,000 times (fixed seed). The emitted first token must follow the verifier's own distribution at
+the root, and the second token, when the first was the top drafted child, its distribution there —
+both computed by plain chain forwards, not the tree. Pearson's chi-square over the tokens with
+expected count >= 5 plus one bin for the rest; the test passes at p > 0.001.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from spectui.engine.accept import accept_stochastic, target_probs
+from spectui.engine.cached_model import CachedModel
+from spectui.engine.chat import encode_chat
+from spectui.engine.drafters import ModelDrafter, NGramDrafter
+from spectui.engine.settings import GenerationSettings
+from spectui.engine.speculative import SpeculativeEngine
+
+DRAWS = 30_000
+TEMPERATURE, TOP_P = 0.9, 0.95
+
+
+def chi2(samples: list[int], p: torch.Tensor) -> float:
+    counts = torch.bincount(torch.tensor(samples), minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0, "sampled a token the target gives zero probability"
+    expected = p * len(samples)
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    if exp[-1] < 5:  # fold a tiny tail bin into the largest one
+        obs[-2 if len(obs) > 1 else -1] += obs[-1]
+        exp[-2 if len(exp) > 1 else -1] += exp[-1]
+        obs, exp = obs[:-1], exp[:-1]
+    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+
+
+@pytest.mark.slow
+def test_mss_samples_follow_verifier_distribution(embedded_models, embedded_fp32):
+    m = embedded_models
+    engine = SpeculativeEngine(m.verifier, m.tokenizer, [ModelDrafter("self", embedded_fp32), NGramDrafter()])
+    ids = encode_chat(m.tokenizer, [{"role": "user", "content": "Tell me a short story about a dragon."}])
+    settings = GenerationSettings(temperature=TEMPERATURE, top_p=TOP_P, tree_shape=(3, 2, 1))
+    engine.verifier.reset()
+    for d in engine.drafters:
+        d.reset()
+    engine.verifier.forward_chain(ids[:-1])  # cache = context minus its last token, which is the root
+    tree = engine.draft_tree(ids, engine.drafters, settings)
+    probs = target_probs(engine.score_tree(tree), TEMPERATURE, TOP_P)  # [N, V] from the tree forward
+
+    # references by plain chain forwards: the root's distribution, and the top child's
+    top = max(tree.children(0), key=lambda c: tree.draft_probs[c])
+    plain = CachedModel(m.verifier)
+    p_root = target_probs(plain.forward_chain(ids)[-1:], TEMPERATURE, TOP_P)[0]
+    p_top = target_probs(plain.forward_chain([tree.tokens[top]])[-1:], TEMPERATURE, TOP_P)[0]
+
+    gen = torch.Generator().manual_seed(2024)
+    firsts, seconds, accepted_any = [], [], 0
+    for _ in range(DRAWS):
+        accepted, bonus = accept_stochastic(tree, probs, gen)
+        tokens = [tree.tokens[i] for i in accepted] + [bonus]
+        firsts.append(tokens[0])
+        accepted_any += bool(accepted)
+        if accepted and accepted[0] == top:
+            seconds.append(tokens[1])
+    assert accepted_any > DRAWS // 2, "the near-perfect SSM's children should usually be accepted"
+    assert len(seconds) > 3_000
+    assert chi2(firsts, p_root) > 1e-3
+    assert chi2(seconds, p_top) > 1e-3
+
+
+@pytest.mark.slow
+def test_sampling_is_reproducible_with_a_seed(embedded_models):
+    m = embedded_models
+    engine = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
+    ids = encode_chat(m.tokenizer, [{"role": "user", "content": "Name a colour."}])
+    settings = GenerationSettings(max_new_tokens=12, temperature=1.0, seed=7)
+    first = [t for e in engine.generate(ids, settings) for t in e.new_tokens]
+    second = [t for e in engine.generate(ids, settings) for t in e.new_tokens]
+    assert first == second and len(first) > 0
