@@ -40,3 +40,20 @@ def embedded_dir() -> Path:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(folder, target_is_directory=True)
     return folder
+
+
+@pytest.fixture(scope="session")
+def embedded_models(embedded_dir):
+    """The embedded preset loaded as the CLI loads it: NF4 verifier, n-gram drafter."""
+    from spectui.engine.loading import load_models
+    from spectui.engine.presets import PRESETS
+
+    return load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def embedded_fp32(embedded_dir):
+    """The embedded model's unquantised weights: a near-perfect SSM for the NF4 verifier."""
+    from spectui.engine.loading import load_causal_lm
+
+    return load_causal_lm(embedded_dir, "cpu", "none")

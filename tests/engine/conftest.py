@@ -53,20 +53,3 @@ def tiny_dirs(tmp_path_factory, embedded_dir):
         "ssm160": save_tiny_llama(root / "ssm160", embedded_dir, seed=3, chat_template=False),
         "foreign": save_tiny_llama(root / "foreign", embedded_dir, seed=4, vocab=1000),
     }
-
-
-@pytest.fixture(scope="session")
-def embedded_models(embedded_dir):
-    """The embedded preset loaded as the CLI loads it: NF4 verifier, n-gram drafter."""
-    from spectui.engine.loading import load_models
-    from spectui.engine.presets import PRESETS
-
-    return load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu")
-
-
-@pytest.fixture(scope="session")
-def embedded_fp32(embedded_dir):
-    """The embedded model's unquantised weights: a near-perfect SSM for the NF4 verifier."""
-    from spectui.engine.loading import load_causal_lm
-
-    return load_causal_lm(embedded_dir, "cpu", "none")

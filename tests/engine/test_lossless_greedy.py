@@ -24,7 +24,7 @@ PROMPTS = [
     "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
     "How can I improve my time management skills?",
 ]
-MAX_NEW = 40
+MAX_NEW = 32
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def run(engine, ids, shape, speculate=True):
 CONFIGS = {
     "incremental": (lambda fp32, bad: [], (1,)),
     "ngram": (lambda fp32, bad: [NGramDrafter()], (2, 2, 1, 1)),
-    "perfect-deep": (lambda fp32, bad: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1, 1)),
-    "perfect-wide": (lambda fp32, bad: [ModelDrafter("self", fp32)], (3, 2, 1)),
+    "perfect-deep": (lambda fp32, bad: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1)),
+    "perfect-wide": (lambda fp32, bad: [ModelDrafter("self", fp32)], (3, 1)),
     "bad": (lambda fp32, bad: [ModelDrafter("bad", bad)], (2, 2, 1, 1)),
     "two-ssms+ngram": (lambda fp32, bad: [ModelDrafter("bad", bad), ModelDrafter("self", fp32), NGramDrafter()], (2, 1, 1)),
 }

@@ -53,7 +53,7 @@ def test_mss_samples_follow_verifier_distribution(embedded_models, embedded_fp32
     probs = target_probs(engine.score_tree(tree), TEMPERATURE, TOP_P)  # [N, V] from the tree forward
 
     # references by plain chain forwards: the root's distribution, and the top child's
-    top = max(tree.children(0), key=lambda c: tree.draft_probs[c])
+    top = max(tree.children(0), key=lambda c: float(probs[0, tree.tokens[c]]))  # the likeliest drafted child
     plain = CachedModel(m.verifier)
     p_root = target_probs(plain.forward_chain(ids)[-1:], TEMPERATURE, TOP_P)[0]
     p_top = target_probs(plain.forward_chain([tree.tokens[top]])[-1:], TEMPERATURE, TOP_P)[0]
