@@ -41,10 +41,11 @@ def friendly_errors():
     from .engine.events import TraceError
     from .engine.loading import ModelLoadError
     from .engine.presets import ModelSpecError
+    from .kernels import AttentionBackendError
 
     try:
         yield
-    except (ModelSpecError, ContextError, PromptFileError, TraceError, UsageFailure) as exc:
+    except (ModelSpecError, ContextError, PromptFileError, TraceError, UsageFailure, AttentionBackendError) as exc:
         fail(str(exc), 2)
     except ModelLoadError as exc:
         fail(str(exc), 2 if exc.usage else 1)

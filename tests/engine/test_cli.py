@@ -136,3 +136,23 @@ def test_bench_reads_vicuna_jsonl():
 
     prompts = read_prompts(DATA, limit=3)
     assert prompts[0] == "How can I improve my time management skills?" and len(prompts) == 3
+
+
+def test_unavailable_attention_backend_exits_2(monkeypatch):
+    monkeypatch.setenv("SPECTUI_ATTENTION", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    result = spectui("generate", "hi", "--device", "cpu")
+    assert result.returncode == 2
+    assert "SPECTUI_ATTENTION=triton" in one_clean_line(result)
+
+
+def test_corrupt_gguf_is_a_clear_error_and_leaves_nothing(tmp_path):
+    from spectui import paths
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(os.urandom(4096))
+    result = spectui("generate", "hi", "--model", str(bad))
+    assert result.returncode == 1
+    assert "cannot convert" in one_clean_line(result)
+    leftovers = list((paths.models_dir() / "gguf").glob("*")) if (paths.models_dir() / "gguf").exists() else []
+    assert leftovers == []
