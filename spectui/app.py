@@ -1,0 +1,465 @@
+"""SpecTuiApp: the Textual chat on the embedded speculation engine, and its replay mode.
+
+The app is the controller. Models load in a thread worker (LoadingScreen shows progress); each
+assistant turn runs `engine.chat.chat` in a thread worker that posts one StepArrived message per
+verifier step and a TurnFinished at the end; the UI never blocks and Esc sets the stop event,
+which the engine honours within one verifier step. In step mode the worker waits for `advance`
+after each step. Replay (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the
+recorded StepEvents through the same StepArrived path. History lives in SQLite (store.py): the
+user message is saved when sent, the (possibly partial) answer when the turn ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from . import paths
+from .config import Config, load_config, save_config
+from .engine.settings import GenerationSettings
+from .messages import LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
+from .replay import ReplayCursor
+from .screens.chat import ChatScreen, ReplayScreen
+from .screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen, TextPromptScreen
+from .screens.loading import LoadingScreen
+from .store import ConversationRecord, Store, export_markdown
+from .themes import STYLESHEET, THEMES
+
+
+class SpecTuiApp(App):
+    TITLE = "spectui"
+    CSS_PATH = STYLESHEET
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        ssms: Iterable[str] = (),
+        quant: str = "nf4",
+        device: str = "auto",
+        overrides: dict | None = None,
+        seed: int | None = None,
+        system: str | None = None,
+        trace: Path | None = None,
+        step_mode: bool | None = None,
+        replay: list | None = None,
+        replay_name: str = "",
+        autoplay: bool = True,
+        autoload: bool = True,
+    ) -> None:
+        super().__init__()
+        self.model_spec, self.ssm_specs, self.quant, self.device_spec = model, tuple(ssms), quant, device
+        self.seed, self.system_override, self.trace = seed, system, trace
+        self.config: Config = load_config(paths.config_file())
+        for name, value in (overrides or {}).items():
+            setattr(self.config, name, value)
+        if step_mode is not None:
+            self.config.step_mode = step_mode
+        self.models = None
+        self.engine = None
+        self.load_error: str | None = None
+        self.generating = False
+        self.stop_event = threading.Event()
+        self.advance_event = threading.Event()
+        self.store: Store | None = None
+        self.record: ConversationRecord | None = None
+        self.replay_cursor = ReplayCursor(replay, playing=autoplay) if replay is not None else None
+        self.replay_name = replay_name
+        self.autoload = autoload  # False: no model (tests feed StepEvents themselves)
+        self.turn_ssms: list[str] = []
+
+    # ---- start-up
+    def get_default_screen(self) -> Screen:
+        return ReplayScreen() if self.replay_cursor else ChatScreen()
+
+    @property
+    def chat(self) -> ChatScreen:
+        return self.screen_stack[0]
+
+    def on_mount(self) -> None:
+        for theme in THEMES:
+            self.register_theme(theme)
+        self.theme = self.config.theme if self.config.theme in self.available_themes else "spectui-dark"
+        self.theme_changed_signal.subscribe(self, self.on_theme_changed)
+
+    async def on_ready(self) -> None:
+        chat = self.chat
+        chat.set_step_mode(self.config.step_mode or self.replay_cursor is not None)
+        chat.set_colour_origins(self.config.colour_origins)
+        if self.config.notice:
+            self.notify(self.config.notice, severity="warning", timeout=10)
+        if self.replay_cursor:
+            info = self.replay_cursor.turns[0][0]
+            status = chat.status
+            status.model, status.ssms = info.model, ", ".join(info.ssms) or "-"
+            status.device, status.memory = f"{info.device} ({info.quant})", f"replay of {self.replay_name}"
+            chat.set_replay_bar(self.replay_cursor.describe())
+            if self.replay_cursor.playing:
+                self.set_timer(0.05, self.replay_tick)
+            return
+        self.store = Store(paths.history_db())
+        if self.store.notice:
+            self.notify(self.store.notice, severity="warning", timeout=15)
+            chat.set_notice(self.store.notice, error=True)
+        self.record = self.store.last()
+        if self.record is not None:
+            await self.open_conversation(self.record.id)
+        chat.status.model = self.model_spec
+        if not self.autoload:
+            return
+        chat.status.state = "loading…"
+        self.push_screen(LoadingScreen(f"Loading {self.model_spec} ({self.quant})"))
+        self.load_models()
+
+    def load_models(self) -> None:
+        """Load in a daemon thread (not a worker: ctrl+q must not wait for a long first fetch)."""
+        threading.Thread(target=self._load_models, name="spectui-load", daemon=True).start()
+
+    def _load_models(self) -> None:
+        from .engine.loading import build_engine, load_models
+        from .engine.presets import resolve_model, resolve_ssm
+
+        def progress(stage: str, fraction: float | None = None) -> None:
+            self.post_message(LoadProgress(stage, fraction))
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                preset = resolve_model(self.model_spec)
+                extra = tuple(resolve_ssm(s) for s in self.ssm_specs)
+                progress(f"model {preset.name}: locating", None)
+                models = load_models(preset, extra, quant=self.quant, device=self.device_spec, progress=progress)
+                progress("building the speculation engine", None)
+                engine = build_engine(models)
+        except Exception as exc:  # noqa: BLE001 - shown in the app, which keeps running
+            self.post_message(LoadFailed(f"{type(exc).__name__}: {exc}".splitlines()[0]))
+            return
+        self.post_message(ModelsLoaded(models, engine))
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.screen.progress(message.stage, message.fraction)
+
+    def on_models_loaded(self, message: ModelsLoaded) -> None:
+        self.models, self.engine = message.models, message.engine
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+        status = self.chat.status
+        status.model = f"{self.models.preset.name} ({self.models.quant})"
+        status.ssms = ", ".join(self.engine.speculator_names) or "-"
+        status.device = f"{self.models.device}, attention {self.models.attention_backend}"
+        status.state = "ready"
+        self.chat.set_notice(None)
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        self.load_error = message.reason
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+        self.chat.status.state = "no model"
+        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; see ctrl+p → Retry loading.", error=True)
+        self.notify(message.reason, title="Loading failed", severity="error", timeout=15)
+
+    def action_skip_loading(self) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+
+    def action_retry_loading(self) -> None:
+        if self.engine is None and not self.replay_cursor:
+            self.load_error = None
+            self.chat.set_notice(None)
+            self.chat.status.state = "loading…"
+            self.push_screen(LoadingScreen(f"Loading {self.model_spec} ({self.quant})"))
+            self.load_models()
+
+    # ---- conversations
+    async def open_conversation(self, conversation_id: int) -> None:
+        self.record = self.store.get(conversation_id)
+        self.store.set_last(conversation_id)
+        names = self.engine.speculator_names if self.engine else []
+        await self.chat.show_history(self.store.messages(conversation_id), names)
+        self.chat.sub_title = self.record.title
+        self.sub_title = self.record.title
+
+    async def action_new_conversation(self) -> None:
+        if self.generating or self.store is None:
+            return
+        self.record = self.store.create(system=self.system_override)
+        await self.open_conversation(self.record.id)
+
+    def action_conversations(self) -> None:
+        if self.store is None:
+            return
+        current = self.record.id if self.record else None
+        self.push_screen(ConversationsScreen(self.store.list(), current), self.on_conversation_choice)
+
+    async def on_conversation_choice(self, choice) -> None:
+        if not choice:
+            return
+        what, target = choice
+        if what == "new":
+            await self.action_new_conversation()
+        elif what == "open" and not self.generating:
+            await self.open_conversation(target)
+        elif what == "rename":
+            title = self.store.get(target).title
+
+            async def renamed(value):
+                if value:
+                    self.store.rename(target, value)
+                    if self.record and self.record.id == target:
+                        self.record.title = self.sub_title = value
+                self.action_conversations()
+
+            self.push_screen(TextPromptScreen("New title", title), renamed)
+        elif what == "delete" and not (self.generating and self.record and self.record.id == target):
+            self.store.delete(target)
+            if self.record and self.record.id == target:
+                self.record = self.store.last()
+                if self.record:
+                    await self.open_conversation(self.record.id)
+                else:
+                    await self.chat.show_history([], [])
+            self.notify("conversation deleted")
+            self.action_conversations()
+
+    # ---- a turn
+    async def on_prompt_input_submitted(self, message) -> None:
+        await self.send(message.text)
+
+    async def send(self, text: str) -> None:
+        if self.generating:
+            self.notify("still answering — Esc stops", severity="warning")
+            return
+        if self.engine is None:
+            reason = f"loading failed: {self.load_error}" if self.load_error else "the model is still loading"
+            self.notify(f"cannot answer yet: {reason}", severity="error")
+            return
+        try:
+            settings = self.config.settings(self.seed)
+        except ValueError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        if self.record is None:
+            self.record = self.store.create(system=self.system_override)
+        if self.record.title == "New chat":
+            self.record.title = self.sub_title = text.splitlines()[0][:48]
+            self.store.rename(self.record.id, self.record.title)
+        history = self.store.messages(self.record.id)
+        self.store.add_message(self.record.id, "user", text)
+        self.chat.query_one("#prompt").clear()
+        self.turn_ssms = self.engine.speculator_names if settings.speculate else []
+        await self.chat.begin_turn(text, self.turn_ssms, settings.greedy, self.models.quant)
+        self.chat.set_notice(None)
+        self.generating = True
+        self.stop_event.clear()
+        self.advance_event.clear()
+        self.chat.status.state = "answering… (Esc stops)"
+        self.generate(history, text, settings)
+
+    @work(thread=True, exclusive=True, group="generate")
+    def generate(self, history, text: str, settings: GenerationSettings) -> None:
+        from .engine.chat import Conversation, chat
+        from .engine.events import RunInfo, write_trace
+
+        conversation = Conversation(system=self.record.system)
+        for message in history:
+            if message.content:
+                conversation.add(message.role, message.content)
+        conversation.add("user", text)
+        last, error = None, None
+        try:
+            with contextlib.ExitStack() as stack:
+                events = chat(self.engine, self.models, conversation, settings, self.stop_event)
+                if self.trace is not None:
+                    info = RunInfo(
+                        model=self.models.preset.name, ssms=self.turn_ssms, device=self.models.device,
+                        quant=self.models.quant, attention_backend=self.models.attention_backend, prompt=text,
+                        system=self.record.system, temperature=settings.temperature, top_p=settings.top_p,
+                        tree_shape=list(settings.tree_shape), max_new_tokens=settings.max_new_tokens,
+                    )
+                    events = write_trace(stack.enter_context(open(self.trace, "a", encoding="utf-8")), info, events)
+                stack.callback(getattr(events, "close", lambda: None))
+                for event in events:
+                    last = event
+                    self.post_message(StepArrived(event))
+                    if self.config.step_mode and not event.finished:
+                        while not self.advance_event.wait(0.05) and not self.stop_event.is_set():
+                            pass
+                        self.advance_event.clear()
+        except Exception as exc:  # noqa: BLE001 - shown in the app; the partial answer is kept
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        reply = conversation.messages[-1].content if conversation.messages[-1].role == "assistant" else ""
+        reason = last.stop_reason if last is not None else None
+        self.post_message(TurnFinished(reply, reason, error))
+
+    async def on_step_arrived(self, message: StepArrived) -> None:
+        chat = self.chat
+        chat.add_step(message.event)
+        if self.config.step_mode or self.replay_cursor:
+            await chat.flush()
+        if message.event.finished:
+            await chat.end_turn(message.event.stop_reason)
+
+    async def on_turn_finished(self, message: TurnFinished) -> None:
+        chat = self.chat
+        pieces = chat.answer.pieces if chat.answer is not None else []
+        await chat.end_turn(message.stop_reason or ("failed" if message.error else None))
+        self.generating = False
+        if message.reply and self.store and self.record:
+            self.store.add_message(self.record.id, "assistant", message.reply, pieces)
+        if message.error:
+            chat.set_notice(f"Generation failed: {message.error}. The conversation is kept.", error=True)
+            self.notify(message.error, title="Generation failed", severity="error", timeout=15)
+        chat.status.state = "stopped" if message.stop_reason == "stopped" else "ready"
+
+    def action_stop(self) -> None:
+        if self.replay_cursor:
+            self.replay_cursor.playing = False
+            self.chat.set_replay_bar(self.replay_cursor.describe())
+        elif self.generating:
+            self.stop_event.set()
+            self.advance_event.set()
+            self.chat.status.state = "stopping…"
+
+    def action_next_step(self) -> None:
+        if self.replay_cursor:
+            self.replay_cursor.playing = False
+            self.call_later(self.replay_tick, False)
+        else:
+            self.advance_event.set()
+
+    # ---- replay
+    async def replay_tick(self, schedule: bool = True) -> None:
+        cursor = self.replay_cursor
+        if cursor.done:
+            cursor.playing = False
+        elif schedule and not cursor.playing:
+            return
+        else:
+            info, event, starts = cursor.next()
+            if starts:
+                await self.chat.end_turn()
+                await self.chat.begin_turn(info.prompt, info.ssms, info.temperature == 0, info.quant)
+            if event is not None:
+                self.post_message(StepArrived(event))
+            if schedule and cursor.playing:
+                self.set_timer(cursor.delay(event), self.replay_tick)
+        self.chat.set_replay_bar(cursor.describe())
+
+    def action_replay_toggle(self) -> None:
+        cursor = self.replay_cursor
+        if cursor and not cursor.done:
+            cursor.playing = not cursor.playing
+            if cursor.playing:
+                self.set_timer(0.01, self.replay_tick)
+            self.chat.set_replay_bar(cursor.describe())
+
+    def action_replay_speed(self, factor: float) -> None:
+        if self.replay_cursor:
+            self.replay_cursor.speed = min(max(self.replay_cursor.speed * factor, 0.125), 64)
+            self.chat.set_replay_bar(self.replay_cursor.describe())
+
+    async def play_to_end(self) -> None:
+        """Feed every remaining recorded step at once (tests, and `--speed 0`)."""
+        self.replay_cursor.playing = False
+        while not self.replay_cursor.done:
+            await self.replay_tick(schedule=False)
+
+    # ---- view toggles, settings, themes
+    def action_toggle_step_mode(self) -> None:
+        self.config.step_mode = not self.config.step_mode
+        self.chat.set_step_mode(self.config.step_mode)
+        if not self.config.step_mode:
+            self.advance_event.set()
+        self.save_config()
+        self.notify(f"step mode {'on: f6 advances one verifier step' if self.config.step_mode else 'off'}")
+
+    def action_toggle_origins(self) -> None:
+        self.config.colour_origins = not self.config.colour_origins
+        self.chat.set_colour_origins(self.config.colour_origins)
+        self.save_config()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_settings(self) -> None:
+        if self.replay_cursor:
+            return
+        system = self.record.system if self.record else self.system_override
+        self.push_screen(SettingsScreen(self.config, system), self.on_settings_saved)
+
+    def on_settings_saved(self, result) -> None:
+        if not result:
+            return
+        config, system = result
+        config.theme, config.step_mode, config.colour_origins = self.theme, self.config.step_mode, self.config.colour_origins
+        self.config = config
+        self.save_config()
+        if self.record is None:
+            self.record = self.store.create(system=system)
+        else:
+            self.store.set_system(self.record.id, system)
+            self.record.system = system
+        self.notify("settings saved")
+
+    def on_theme_changed(self, theme) -> None:
+        self.config.theme = theme.name
+        self.save_config()
+
+    def save_config(self) -> None:
+        if self.replay_cursor:
+            return
+        try:
+            save_config(paths.config_file(), self.config)
+        except OSError as exc:
+            self.notify(f"cannot save the config: {exc}", severity="error")
+
+    # ---- clipboard and export
+    def action_copy_answer(self) -> None:
+        answer = self.chat.last_answer()
+        if not answer:
+            self.notify("no answer to copy yet", severity="warning")
+            return
+        self.copy_to_clipboard(answer)
+        self.notify("last answer copied to the clipboard")
+
+    def action_export(self) -> None:
+        if self.store is None or self.record is None:
+            self.notify("nothing to export yet", severity="warning")
+            return
+        folder = paths.data_dir() / "exports"
+        folder.mkdir(parents=True, exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.record.title)[:40].strip("-") or "chat"
+        target = folder / f"{self.record.id}-{safe}.md"
+        target.write_text(export_markdown(self.record, self.store.messages(self.record.id)), encoding="utf-8")
+        self.notify(f"exported to {target}")
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Help: key bindings", "List every key", self.action_help)
+        yield SystemCommand("Step mode", "Pause after every verifier step (toggle)", self.action_toggle_step_mode)
+        yield SystemCommand("Next step", "Advance one verifier step (step mode, replay)", self.action_next_step)
+        yield SystemCommand("Token origins", "Colour tokens by SSM 1 / SSM 2 / n-gram / bonus (toggle)", self.action_toggle_origins)
+        if self.replay_cursor:
+            yield SystemCommand("Play / pause", "Replay: play or pause", self.action_replay_toggle)
+            return
+        yield SystemCommand("New conversation", "Start a new chat", self.action_new_conversation)
+        yield SystemCommand("Conversations", "List, switch, rename, delete chats", self.action_conversations)
+        yield SystemCommand("Settings", "System prompt, temperature, top-p, tree, SSMs, max tokens", self.action_settings)
+        yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard", self.action_copy_answer)
+        yield SystemCommand("Export to Markdown", "Write this conversation to a Markdown file", self.action_export)
+        yield SystemCommand("Stop", "Stop generating", self.action_stop)
+        if self.engine is None:
+            yield SystemCommand("Retry loading", "Load the model again", self.action_retry_loading)
+
+    def on_unmount(self) -> None:
+        self.stop_event.set()
+        self.advance_event.set()
+        if self.store is not None:
+            self.store.close()

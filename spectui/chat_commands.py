@@ -1,0 +1,108 @@
+"""`spectui chat`, `spectui replay` and `spectui tui-bench`: the Textual app's commands.
+
+Usage errors (unknown model, bad generation flags, malformed trace) are one line and exit 2,
+before any screen opens; loading and generation failures show inside the app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .cli import DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, app, friendly_errors
+
+
+@app.command()
+def chat(
+    model: str = ModelOpt,
+    ssm: Optional[list[str]] = SsmOpt,
+    quant: str = QuantOpt,
+    device: str = DeviceOpt,
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="default: the config's (256)"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default: the config's)"),
+    top_p: Optional[float] = typer.Option(None, "--top-p"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    tree: Optional[str] = typer.Option(None, "--tree", help="children per node at each depth, e.g. 2,2,1,1"),
+    no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
+    system: Optional[str] = typer.Option(None, "--system", help="system prompt for new conversations"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="record every turn's StepEvents to this JSONL file"),
+    step: bool = typer.Option(False, "--step", help="start in step mode (pause after every verifier step)"),
+) -> None:
+    """Open the chat: the answer streams beside the live token tree and acceptance."""
+    from .app import SpecTuiApp
+    from .engine.presets import resolve_model, resolve_ssm
+
+    with friendly_errors():
+        resolve_model(model)
+        for spec in ssm or []:
+            resolve_ssm(spec)
+        overrides = {
+            name: value
+            for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature), ("top_p", top_p), ("tree", tree))
+            if value is not None
+        }
+        if no_spec:
+            overrides["speculate"] = False
+        from .config import Config
+
+        Config(**overrides).settings(seed)  # validate the flags before the screen opens
+        if trace is not None:
+            try:
+                trace.open("w", encoding="utf-8").close()
+            except OSError as exc:
+                raise UsageFailure(f"--trace {trace}: {exc.strerror or exc}") from None
+        app_ = SpecTuiApp(model, ssm or (), quant, device, overrides, seed, system, trace, step or None)
+    app_.run()
+
+
+@app.command()
+def replay(
+    trace: Path = typer.Argument(..., help="a trace recorded with --trace"),
+    speed: float = typer.Option(1.0, "--speed", help="playback speed (1 = as recorded)"),
+    paused: bool = typer.Option(False, "--paused", help="start paused; n steps, space plays"),
+) -> None:
+    """Replay a recorded trace in the chat screen, without loading a model."""
+    from .app import SpecTuiApp
+    from .replay import read_turns
+
+    with friendly_errors():
+        if speed <= 0:
+            raise UsageFailure("--speed must be positive")
+        turns = read_turns(trace)
+        app_ = SpecTuiApp(replay=turns, replay_name=trace.name, autoplay=not paused)
+        app_.replay_cursor.speed = speed
+    app_.run()
+
+
+@app.command("tui-bench")
+def tui_bench(
+    model: str = ModelOpt,
+    ssm: Optional[list[str]] = SsmOpt,
+    quant: str = QuantOpt,
+    device: str = DeviceOpt,
+    prompts: Path = typer.Option(Path("../shared/data/vicuna_bench_questions.jsonl"), "--prompts"),
+    limit: int = typer.Option(4, "--limit", help="use the first N prompts"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    rounds: int = typer.Option(2, "--rounds", help="alternating headless/app rounds; medians are reported"),
+) -> None:
+    """Tokens/s with the chat app consuming the StepEvents vs headless, on the same prompts."""
+    import json
+
+    from .bench import read_prompts
+    from .cli import load
+    from .tui_bench import compare
+
+    with friendly_errors():
+        if limit < 1 or rounds < 1 or max_new_tokens < 1:
+            raise UsageFailure("--limit, --rounds and --max-new-tokens must be at least 1")
+        texts = read_prompts(prompts, limit)
+        models, engine = load(model, ssm, quant, device)
+        report = compare(models, engine, texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))
+        typer.echo(json.dumps(report, indent=2))
+        typer.echo(
+            f"app {report['app_tokens_per_s']} tokens/s vs headless {report['headless_tokens_per_s']} tokens/s: "
+            f"{report['app_over_headless']:.1%} kept",
+            err=True,
+        )

@@ -1,0 +1,42 @@
+"""Messages that worker threads and the replay driver post to the app: small dataclasses.
+
+StepArrived is the only thing the UI consumes from generation; a live turn and a replayed
+trace both deliver their StepEvents through it, so they share one screen code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from .engine.events import StepEvent
+
+
+@dataclass
+class StepArrived(Message):
+    event: StepEvent
+
+
+@dataclass
+class TurnFinished(Message):
+    reply: str  # the (possibly partial) answer, already in the conversation
+    stop_reason: str | None
+    error: str | None = None  # why generation failed, when it did
+
+
+@dataclass
+class LoadProgress(Message):
+    stage: str
+    fraction: float | None
+
+
+@dataclass
+class ModelsLoaded(Message):
+    models: object  # LoadedModels
+    engine: object  # SpeculativeEngine
+
+
+@dataclass
+class LoadFailed(Message):
+    reason: str

@@ -1,0 +1,1 @@
+"""spectui's screens: the chat screen, the loading screen and the dialogs."""

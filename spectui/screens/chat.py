@@ -1,0 +1,181 @@
+"""ChatScreen: conversation and input on the left, token tree and acceptance on the right.
+
+The screen only draws; the app decides what happens. Every StepEvent, live or replayed, goes
+through `add_step`; drawing is throttled to ten times a second (`flush`), except in step mode
+where each step is drawn as it comes, so rendering never holds up the engine.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from ..engine.events import StepEvent
+from ..widgets.acceptance import AcceptancePanel
+from ..widgets.conversation import AnswerBlock, ConversationView
+from ..widgets.origins import token_pieces
+from ..widgets.prompt import PromptInput
+from ..widgets.status import StatusLine
+from ..widgets.token_tree import TokenTreeView
+
+# Seconds between redraws while streaming: the answer often, the tree and the chart less (each
+# redraw takes CPU the engine would use; see docs/tui.md, Performance).
+TEXT_FLUSH_S = 0.5
+PANEL_FLUSH_S = 1.0
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.stop", "Stop", priority=True),
+        Binding("f1", "app.help", "Help"),
+        Binding("f2", "app.conversations", "Chats"),
+        Binding("f3", "app.settings", "Settings"),
+        Binding("f4", "app.toggle_origins", "Origins"),
+        Binding("f5", "app.toggle_step_mode", "Step mode"),
+        Binding("f6", "app.next_step", "Next step", priority=True),  # priority: TextArea binds f6/f7
+        Binding("f7", "browse(-1)", "◀ step", show=False, priority=True),
+        Binding("f8", "browse(1)", "step ▶", show=False, priority=True),
+        Binding("f9", "app.copy_answer", "Copy", show=False),
+        Binding("ctrl+n", "app.new_conversation", "New chat", show=False),
+    ]
+    def __init__(self, replay: bool = False) -> None:
+        super().__init__()
+        self.replay = replay
+        self.answer: AnswerBlock | None = None
+        self.ssm_names: list[str] = []
+        self.dirty = False  # text waiting to be drawn
+        self.panels_dirty = False  # steps the tree and the chart have not drawn yet
+        self.step_mode = False
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield ConversationView(id="conversation")
+                yield Static("", id="notice")
+                if self.replay:
+                    yield Static("", id="replay-bar")
+                else:
+                    yield PromptInput(id="prompt", placeholder="Ask something — enter sends, ctrl+j new line")
+            with Vertical(id="right"):
+                yield TokenTreeView(id="tree-view")
+                yield AcceptancePanel(id="acceptance")
+        yield StatusLine(live_memory=not self.replay, id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#notice").display = False
+        self.set_interval(TEXT_FLUSH_S, self.flush_text)
+        self.set_interval(PANEL_FLUSH_S, self.flush_panels)
+        if not self.replay:
+            self.query_one(PromptInput).focus()
+
+    # conversation
+    async def show_history(self, messages, ssm_names) -> None:
+        """Replace the conversation with stored messages; the tree and chart start empty."""
+        view = self.query_one(ConversationView)
+        await view.clear()
+        self.answer = None
+        for message in messages:
+            if message.role == "user":
+                await view.add_user(message.content)
+            elif message.role == "assistant":
+                await view.add_answer(message.content, message.origins, ssm_names)
+        self.query_one(TokenTreeView).reset()
+        self.query_one(AcceptancePanel).reset()
+
+    async def begin_turn(self, prompt: str, ssm_names: list[str], greedy: bool, quant: str) -> None:
+        view = self.query_one(ConversationView)
+        self.ssm_names = list(ssm_names)
+        await view.add_user(prompt)
+        self.answer = await view.add_answer(ssm_names=ssm_names, live=True)
+        self.query_one(TokenTreeView).reset(greedy)
+        panel = self.query_one(AcceptancePanel)
+        panel.quant = quant
+        panel.reset()
+
+    def add_step(self, event: StepEvent) -> None:
+        if self.answer is not None:
+            self.answer.add(event.new_text, token_pieces(event))
+        self.query_one(TokenTreeView).add(event)
+        self.query_one(AcceptancePanel).add(event)
+        if event.notice:
+            self.notify(event.notice, severity="warning")
+        self.dirty = self.panels_dirty = True
+
+    async def flush(self) -> None:
+        """Draw everything now (step mode, replay, end of a turn)."""
+        await self.flush_text()
+        self.flush_panels()
+
+    async def flush_text(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        if self.answer is not None:
+            await self.answer.flush()
+            view = self.query_one(ConversationView)
+            if self.answer.live and view.max_scroll_y - view.scroll_y > 0:
+                view.scroll_end(animate=False)
+
+    def flush_panels(self) -> None:
+        if not self.panels_dirty:
+            return
+        self.panels_dirty = False
+        self.query_one(TokenTreeView).sync()
+        self.query_one(AcceptancePanel).sync()
+
+    async def end_turn(self, note: str | None = None) -> None:
+        self.dirty = self.panels_dirty = True
+        await self.flush()
+        if self.answer is not None:
+            await self.answer.finish(note)
+            self.answer = None
+
+    def last_answer(self) -> str | None:
+        blocks = list(self.query(AnswerBlock))
+        return blocks[-1].text if blocks else None
+
+    # view state
+    def set_notice(self, text: str | None, error: bool = False) -> None:
+        notice = self.query_one("#notice", Static)
+        notice.display = bool(text)
+        notice.set_class(error, "error")
+        notice.update(Text(text or ""))
+
+    def set_step_mode(self, on: bool) -> None:
+        self.step_mode = on
+        self.query_one(TokenTreeView).show_decision = on
+
+    def set_colour_origins(self, on: bool) -> None:
+        self.query_one(ConversationView).colour_origins = on
+        legend = self.query_one(ConversationView).legend(self.app.theme_variables) if on else None
+        self.query_one(ConversationView).border_subtitle = legend.plain if legend else ""
+
+    def action_browse(self, delta: int) -> None:
+        self.query_one(TokenTreeView).action_browse(delta)
+
+    def set_replay_bar(self, text: str) -> None:
+        if self.replay:
+            self.query_one("#replay-bar", Static).update(text)
+
+    @property
+    def status(self) -> StatusLine:
+        return self.query_one(StatusLine)
+
+
+class ReplayScreen(ChatScreen):
+    """The chat screen for `spectui replay`: no input, and play/pause/step/speed keys."""
+
+    BINDINGS = [
+        Binding("space", "app.replay_toggle", "Play/pause"),
+        Binding("n", "app.next_step", "Step"),
+        Binding("plus,equals_sign", "app.replay_speed(2.0)", "Faster"),
+        Binding("minus", "app.replay_speed(0.5)", "Slower"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(replay=True)

@@ -1,0 +1,1 @@
+"""spectui's widgets: conversation, prompt input, token tree, acceptance panel, status line."""

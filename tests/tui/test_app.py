@@ -1,0 +1,185 @@
+"""App behaviour without a model: load failures in the app, conversations, settings, help, themes."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectui import paths
+from spectui.app import SpecTuiApp
+from spectui.config import load_config
+from spectui.screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen
+from spectui.store import Store
+from spectui.widgets.conversation import UserBlock
+
+from tui_helpers import wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_load_failure_is_shown_and_app_keeps_running(fresh_home):
+    app = SpecTuiApp(model=str(fresh_home / "no-such-model"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.load_error is not None, 60, "the load to fail")
+        await pilot.pause(0.2)
+        notice = app.chat.query_one("#notice")
+        assert notice.display and "Loading failed" in str(notice.render())
+        await pilot.click("#prompt")
+        app.chat.query_one("#prompt").insert("hello")
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.is_running and not app.generating
+        assert any("loading failed" in n.message for n in app._notifications)
+
+
+async def test_corrupt_history_is_set_aside(fresh_home):
+    db = paths.history_db()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    db.write_bytes(b"garbage" * 500)
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause(0.2)
+        assert "moved to" in str(app.chat.query_one("#notice").render())
+        assert list(db.parent.glob("history.sqlite3.broken-*"))
+
+
+async def test_conversations_switch_rename_delete(fresh_home):
+    store = Store(paths.history_db())
+    a = store.create("alpha")
+    store.add_message(a.id, "user", "first question")
+    b = store.create("beta")
+    store.add_message(b.id, "user", "second question")
+    store.close()
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause(0.2)
+        assert app.record.id == b.id  # the last one reopens
+        await pilot.press("f2")
+        assert isinstance(app.screen, ConversationsScreen)
+        await pilot.press("down", "enter")
+        await pilot.pause(0.2)
+        assert app.record.id == a.id
+        assert [str(u.render()) for u in app.chat.query(UserBlock)] == ["first question"]
+        await pilot.press("f2")
+        await pilot.pause()
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        await pilot.press("r")
+        await pilot.pause()
+        app.screen.query_one("#text").value = "renamed"
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.record.title == "renamed"
+        assert isinstance(app.screen, ConversationsScreen)
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        await pilot.press("d")
+        await pilot.pause(0.2)
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert app.record.id == b.id
+    store = Store(paths.history_db())
+    assert [r.title for r in store.list()] == ["beta"]
+    store.close()
+
+
+async def test_settings_saved_to_config(fresh_home):
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f3")
+        assert isinstance(app.screen, SettingsScreen)
+        app.screen.query_one("#tree").value = "0"
+        await pilot.click("#save")
+        await pilot.pause()
+        assert "✗" in str(app.screen.query_one("#settings-error").render())
+        app.screen.query_one("#tree").value = "3,2"
+        app.screen.query_one("#temperature").value = "0.5"
+        app.screen.query_one("#system").value = "You are terse."
+        app.screen.query_one("#tree").focus()
+        await pilot.press("enter")  # the keyboard saves too
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen)
+        assert app.record.system == "You are terse."
+    config = load_config(paths.config_file())
+    assert config.tree == "3,2" and config.temperature == 0.5
+
+
+async def test_theme_kept_in_config_and_help_lists_keys(fresh_home):
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert {"spectui-dark", "spectui-light", "spectui-high-contrast"} <= set(app.available_themes)
+        app.theme = "spectui-high-contrast"
+        await pilot.pause(0.2)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        help_text = app.screen.query_one("Markdown").source
+        assert "ctrl+q" in help_text and "escape" in help_text
+    assert load_config(paths.config_file()).theme == "spectui-high-contrast"
+    again = SpecTuiApp(autoload=False)
+    async with again.run_test() as pilot:
+        await pilot.pause()
+        assert again.theme == "spectui-high-contrast"
+
+
+async def test_palette_lists_app_commands(fresh_home):
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test() as pilot:
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for wanted in ("New conversation", "Conversations", "Settings", "Step mode", "Token origins",
+                       "Copy last answer", "Export to Markdown", "Theme", "Help: key bindings"):
+            assert wanted in titles
+
+
+async def test_copy_and_export(fresh_home):
+    store = Store(paths.history_db())
+    record = store.create("France")
+    store.add_message(record.id, "user", "What is the capital of France?")
+    store.add_message(record.id, "assistant", "Paris.")
+    store.close()
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test() as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("f9")
+        assert app.clipboard == "Paris."
+        app.action_export()
+        exported = list((paths.data_dir() / "exports").glob("*.md"))
+        assert len(exported) == 1 and "Paris." in exported[0].read_text()
+
+
+class BrokenTokenizer:
+    def apply_chat_template(self, *args, **kwargs):
+        raise RuntimeError("tokenizer exploded")
+
+
+class BrokenModels:
+    """Loaded models whose tokenizer fails: generation must fail inside the app, not crash it."""
+
+    tokenizer = BrokenTokenizer()
+    context_window = 2048
+    chat_template = None
+    quant = "nf4"
+    device = "cpu"
+    attention_backend = "torch"
+
+    class preset:
+        name = "broken"
+
+
+class NoEngine:
+    speculator_names = ["ngram"]
+
+
+async def test_generation_failure_is_shown_and_conversation_kept(fresh_home):
+    from spectui.messages import ModelsLoaded
+
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        app.post_message(ModelsLoaded(BrokenModels(), NoEngine()))
+        await pilot.pause(0.2)
+        await app.send("Will this work?")
+        await wait_for(pilot, lambda: not app.generating, 30, "the failed turn")
+        await pilot.pause(0.2)
+        notice = str(app.chat.query_one("#notice").render())
+        assert "Generation failed" in notice and "tokenizer exploded" in notice
+        assert app.is_running
+        record_id = app.record.id
+    store = Store(paths.history_db())
+    assert [m.content for m in store.messages(record_id)] == ["Will this work?"]
+    store.close()

@@ -1,0 +1,101 @@
+"""Pilot tests that drive the real embedded model (SmolLM2-135M, nf4 on CPU) through the app."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectui import paths
+from spectui.app import SpecTuiApp
+from spectui.screens.loading import LoadingScreen
+from spectui.store import Store
+from spectui.widgets.acceptance import AcceptanceChart
+from spectui.widgets.conversation import AnswerBlock, UserBlock
+from spectui.widgets.token_tree import TokenTreeView
+
+from tui_helpers import wait_for
+
+pytestmark = pytest.mark.anyio
+
+QUESTION = "What is the capital of France?"
+SIZE = (140, 42)
+
+
+async def ask(app, pilot, text: str) -> None:
+    await wait_for(pilot, lambda: app.engine is not None or app.load_error, 300, "the model to load")
+    assert app.load_error is None, app.load_error
+    assert not isinstance(app.screen, LoadingScreen)
+    prompt = app.chat.query_one("#prompt")
+    await pilot.click("#prompt")
+    prompt.insert(text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.generating, 10, "generation to start")
+
+
+@pytest.mark.slow
+async def test_answer_tree_chart_and_history_survive_restart(model_home):
+    app = SpecTuiApp(overrides={"max_new_tokens": 16})
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(app, pilot, QUESTION)
+        await wait_for(pilot, lambda: not app.generating, 300, "the answer")
+        await pilot.pause(0.3)
+        answer = app.chat.last_answer()
+        assert "Paris" in answer
+        tree = app.chat.query_one(TokenTreeView)
+        assert len(tree.events) >= 2 and tree.events[-1].finished
+        assert tree.index == len(tree.events) - 1
+        assert len(app.chat.query_one(AcceptanceChart).rates) == len(tree.events) - 1
+        assert "tokens/s" in str(app.chat.query_one("#figures").render())
+        assert app.chat.query_one("#prompt").text == ""
+        conversation_id = app.record.id
+    # a new app on the same SPECTUI_HOME reopens the conversation
+    store = Store(paths.history_db())
+    assert [m.role for m in store.messages(conversation_id)] == ["user", "assistant"]
+    store.close()
+    again = SpecTuiApp(autoload=False)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.3)
+        assert again.record.id == conversation_id
+        users = [str(b.render()) for b in again.chat.query(UserBlock)]
+        assert users == [QUESTION]
+        assert [b.text for b in again.chat.query(AnswerBlock)] == [answer]
+
+
+@pytest.mark.slow
+async def test_escape_stops_and_keeps_partial_answer(model_home):
+    app = SpecTuiApp(overrides={"max_new_tokens": 400})
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(app, pilot, "Write a long story about a dragon who learns to cook.")
+        tree = app.chat.query_one(TokenTreeView)
+        await wait_for(pilot, lambda: len(tree.events) >= 4, 120, "a few steps")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating, 30, "generation to stop")
+        last = tree.events[-1]
+        assert last.stop_reason == "stopped"
+        assert last.total_tokens < 400
+        await pilot.pause(0.3)
+        partial = app.chat.last_answer()
+        assert partial
+        store = Store(paths.history_db())
+        assert store.messages(app.record.id)[-1].content == partial
+        store.close()
+        assert app.chat.status.state == "stopped"
+
+
+@pytest.mark.slow
+async def test_step_mode_waits_for_the_key(model_home):
+    app = SpecTuiApp(overrides={"max_new_tokens": 24}, step_mode=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(app, pilot, QUESTION)
+        tree = app.chat.query_one(TokenTreeView)
+        await wait_for(pilot, lambda: len(tree.events) >= 1, 60, "the prefill step")
+        await pilot.pause(1.5)
+        assert len(tree.events) == 1  # paused after the prefill step
+        assert "Prefill" in str(app.chat.query_one("#decision").render())
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: len(tree.events) >= 2, 60, "the next step")
+        await pilot.pause(1.0)
+        assert len(tree.events) == 2
+        assert app.chat.query_one("#decision").display
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating, 60, "generation to stop")
+        assert tree.events[-1].stop_reason in ("stopped", "eos", "length")

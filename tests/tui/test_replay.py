@@ -1,0 +1,95 @@
+"""Replay of a trace recorded with the real engine: no model, the same screen code path."""
+
+from __future__ import annotations
+
+import pytest
+
+import json
+
+from typer.testing import CliRunner
+
+from spectui.app import SpecTuiApp
+from spectui.cli import app as cli
+from spectui.engine.events import read_trace
+from spectui.replay import read_turns
+from spectui.widgets.acceptance import AcceptanceChart
+from spectui.widgets.token_tree import TokenTreeView
+
+from tui_helpers import TRACE, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+def test_trace_splits_into_turns(tmp_path):
+    info, events = read_trace(TRACE)
+    double = tmp_path / "two.jsonl"
+    double.write_text(TRACE.read_text() + TRACE.read_text().replace(info.prompt, "again"))
+    turns = read_turns(double)
+    assert [t[0].prompt for t in turns] == [info.prompt, "again"]
+    assert [len(t[1]) for t in turns] == [len(events), len(events)]
+
+
+async def test_replay_plays_whole_answer(fresh_home):
+    info, events = read_trace(TRACE)
+    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await pilot.pause()
+        assert app.chat.last_answer() in (None, "")
+        app.replay_cursor.speed = 64
+        await pilot.press("space")  # play
+        await wait_for(pilot, lambda: app.replay_cursor.done, 30, "the replay to finish")
+        await pilot.pause(0.3)
+        assert app.chat.last_answer() == "".join(e.new_text for e in events)
+        tree = app.chat.query_one(TokenTreeView)
+        assert len(tree.events) == len(events)
+        assert tree.index == len(events) - 1
+        assert len(app.chat.query_one(AcceptanceChart).rates) == len(events) - 1
+        figures = str(app.chat.query_one("#figures").render())
+        assert f"{events[-1].tokens_per_s:6.1f}" in figures
+
+
+async def test_replay_step_and_browse(fresh_home):
+    _, events = read_trace(TRACE)
+    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    async with app.run_test(size=(140, 42)) as pilot:
+        for _ in range(3):
+            await pilot.press("n")
+        await pilot.pause(0.3)
+        tree = app.chat.query_one(TokenTreeView)
+        assert len(tree.events) == 3
+        assert app.chat.last_answer() == "".join(e.new_text for e in events[:3])
+        decision = str(app.chat.query_one("#decision").render())
+        assert "bonus" in decision
+        await pilot.press("f7")
+        await pilot.pause()
+        assert tree.index == 1
+        assert f"step {events[1].step}" in str(app.chat.query_one("#tree-step").render())
+        await pilot.click("#tree-next")
+        await pilot.pause()
+        assert tree.index == 2
+
+
+def test_malformed_trace_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    lines = TRACE.read_text().splitlines()
+    bad.write_text(lines[0] + "\n" + lines[1][:40] + "\n")
+    result = CliRunner().invoke(cli, ["replay", str(bad)])
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0
+    assert "line 2" in result.output
+
+
+def test_trace_with_unknown_fields_is_rejected(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    lines = TRACE.read_text().splitlines()
+    step = json.loads(lines[1])
+    step["surprise"] = 1
+    bad.write_text(lines[0] + "\n" + json.dumps(step) + "\n")
+    result = CliRunner().invoke(cli, ["replay", str(bad)])
+    assert result.exit_code == 2 and "surprise" in result.output
+
+
+def test_unknown_model_is_one_line_exit_2():
+    result = CliRunner().invoke(cli, ["chat", "--model", "no-such-preset"])
+    assert result.exit_code == 2
+    assert "unknown model" in result.output and result.output.strip().count("\n") == 0

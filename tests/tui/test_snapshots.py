@@ -1,0 +1,61 @@
+"""Snapshot tests from a trace recorded with the real engine (no model): main screen, step mode, replay.
+
+Update them with `pytest tests/tui/test_snapshots.py --snapshot-update` after a deliberate change.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spectui.app import SpecTuiApp
+from spectui.engine.events import read_trace
+from spectui.messages import StepArrived
+from spectui.replay import read_turns
+
+from tui_helpers import TRACE
+
+pytestmark = pytest.mark.anyio
+
+SIZE = (140, 42)
+
+
+@pytest.fixture
+def fixed_memory(monkeypatch):
+    monkeypatch.setattr("spectui.widgets.status.memory_in_use", lambda: "RAM 512 MiB")
+
+
+def test_main_screen(snap_compare, fresh_home, fixed_memory):
+    """The live chat screen after an answer: StepEvents posted exactly as the generation worker does."""
+    info, events = read_trace(TRACE)
+    app = SpecTuiApp(model=info.model, autoload=False)
+
+    async def run_before(pilot):
+        await pilot.pause()
+        app.chat.query_one("#prompt").cursor_blink = False
+        await app.chat.begin_turn(info.prompt, info.ssms, True, info.quant)
+        for event in events:
+            app.post_message(StepArrived(event))
+        await pilot.pause(0.5)
+        await app.chat.flush()
+        app.chat.status.state = "ready"
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_step_mode(snap_compare, fresh_home):
+    """Replay paused after a few verifier steps: the tree and the decision stay on screen."""
+    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    assert snap_compare(app, terminal_size=SIZE, press=["n", "n", "n", "n", "_"])
+
+
+def test_replay_finished_with_origin_colours(snap_compare, fresh_home):
+    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+
+    async def run_before(pilot):
+        await pilot.pause()
+        await app.play_to_end()
+        await pilot.press("f4")
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
