@@ -1,11 +1,11 @@
-# Fresh machine: `make run` sets up .venv and answers a sample prompt on the embedded default;
+# Fresh machine: `make run` sets up .venv and opens the chat on the embedded default;
 # `make test` sets up .venv and runs every test (CI runs this).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 PROMPT  ?= What is the capital of France?
 
-.PHONY: setup run test bench clean
+.PHONY: setup run generate test bench clean
 
 $(BIN)/spectui: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(BIN)/spectui: pyproject.toml
 setup: $(BIN)/spectui
 
 run: setup
+	$(BIN)/spectui chat
+
+generate: setup
 	$(BIN)/spectui generate "$(PROMPT)"
 
 test: setup
