@@ -12,6 +12,7 @@ user message is saved when sent, the (possibly partial) answer when the turn end
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 from pathlib import Path
@@ -31,6 +32,24 @@ from .screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen, Te
 from .screens.loading import LoadingScreen
 from .store import ConversationRecord, Store, export_markdown
 from .themes import STYLESHEET, THEMES
+
+
+@contextlib.contextmanager
+def torch_threads_beside_ui():
+    """Leave one core to the UI thread while the engine runs.
+
+    torch's OpenMP workers spin while they wait for each other; when the UI thread takes one of
+    their cores to draw, every parallel op stalls on the descheduled worker. One worker fewer
+    than the cores keeps drawing from slowing generation (docs/performance.md).
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 1) - 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class SpecTuiApp(App):
@@ -275,6 +294,7 @@ class SpecTuiApp(App):
         last, error = None, None
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(torch_threads_beside_ui())
                 events = chat(self.engine, self.models, conversation, settings, self.stop_event)
                 if self.trace is not None:
                     info = RunInfo(
