@@ -187,9 +187,11 @@ class SpeculativeEngine:
         )
         return stats.fill(event), tokens
 
+    def source_names(self, source_mask: int) -> list[str]:
+        return [d.name for k, d in enumerate(self.drafters) if source_mask >> k & 1]
+
     def origin(self, source_mask: int) -> str:
-        names = [d.name for k, d in enumerate(self.drafters) if source_mask >> k & 1]
-        return "+".join(names) if names else BONUS_SOURCE
+        return "+".join(self.source_names(source_mask)) or BONUS_SOURCE
 
     def token_text(self, token: int) -> str:
         return self.tokenizer.decode([token])
@@ -202,7 +204,7 @@ class SpeculativeEngine:
                 depth=tree.depths[i],
                 token_id=tree.tokens[i],
                 text=self.token_text(tree.tokens[i]),
-                sources=[d.name for k, d in enumerate(self.drafters) if tree.sources[i] >> k & 1],
+                sources=self.source_names(tree.sources[i]),
                 draft_prob=tree.draft_probs[i] if i else None,
                 verifier_prob=tree.verifier_probs[i],
             )

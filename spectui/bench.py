@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -87,7 +87,7 @@ class Bench:
         return encode_chat(self.models.tokenizer, [{"role": "user", "content": prompt}], self.models.chat_template)
 
     def run_engine(self, ids: list[int], speculate: bool) -> Run:
-        settings = GenerationSettings(**{**self.settings.__dict__, "speculate": speculate})
+        settings = replace(self.settings, speculate=speculate)
         start, tokens, steps = time.perf_counter(), [], 0
         for event in self.engine.generate(ids, settings):
             tokens += event.new_tokens
