@@ -87,6 +87,7 @@ class RunInfo:
     top_p: float = 1.0
     tree_shape: list[int] = field(default_factory=list)
     max_new_tokens: int = 0
+    merge: str = "union"  # how the speculators' trees were merged: union or vote
 
     def to_json(self) -> str:
         return json.dumps({"kind": "run", **asdict(self)}, ensure_ascii=False)

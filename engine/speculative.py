@@ -2,7 +2,8 @@
 
 One step (one verifier forward pass):
 
-    draft_tree      every speculator adds its branches below the root (merged TokenTree)
+    draft_tree      every speculator adds its branches below the root; the trees merge by
+                    settings.merge: union (all of them) or vote (per depth, the best-agreed; merge.py)
     score_tree      the verifier scores all N nodes at once over its KV cache   logits [N, V]
     accept_branch   greedy or MSS picks the accepted branch and the bonus token
     commit_branch   the verifier cache keeps prefix + root + accepted nodes, in order
@@ -25,6 +26,7 @@ import torch
 from .accept import accept_greedy, accept_stochastic, sample_token, target_probs
 from .cached_model import CachedModel
 from .events import BONUS_SOURCE, StepEvent, TreeNode
+from .merge import apply_policy
 from .settings import GenerationSettings
 from .text import IncrementalDecoder
 from .tree import TokenTree
@@ -119,10 +121,12 @@ class SpeculativeEngine:
         return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000)
 
     def draft_tree(self, committed: list[int], drafters, settings) -> TokenTree:
+        # Drafting every speculator into one tree is their union: TokenTree.add merges equal
+        # siblings and ORs the source bits, so sources[i] says which speculators' trees hold node i.
         tree = TokenTree.with_root(committed[-1])
         for source, drafter in enumerate(drafters):
             drafter.draft(committed, tree, source, settings.tree_shape)
-        return tree
+        return apply_policy(tree, settings.merge)
 
     def score_tree(self, tree: TokenTree) -> torch.Tensor:
         if len(tree) == 1:  # incremental decoding: a plain one-token step

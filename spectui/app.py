@@ -1,10 +1,12 @@
 """SpecTuiApp: the Textual chat on the embedded speculation engine, and its replay mode.
 
-The app is the controller. Models load in a thread worker (LoadingScreen shows progress); each
-assistant turn runs `engine.chat.chat` in a thread worker that posts one StepArrived message per
-verifier step and a TurnFinished at the end; the UI never blocks and Esc sets the stop event,
-which the engine honours within one verifier step. In step mode the worker waits for `advance`
-after each step. Replay (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the
+The app is the controller. The models and the engine live in a child process
+(engine/worker.py), so drawing never competes with generation for the GIL; a loader thread
+relays its loading progress (LoadingScreen). Each assistant turn runs in a thread worker that
+sends the conversation to the engine process and posts one StepArrived message per verifier
+step and a TurnFinished at the end; the UI never blocks and Esc sets the stop event, which the
+engine honours within one verifier step. In step mode the engine waits for `advance` after
+each step. Replay (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the
 recorded StepEvents through the same StepArrived path. History lives in SQLite (store.py): the
 user message is saved when sent, the (possibly partial) answer when the turn ends.
 """
@@ -12,9 +14,7 @@ user message is saved when sent, the (possibly partial) answer when the turn end
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import warnings
 from pathlib import Path
 from typing import Iterable
 
@@ -25,6 +25,8 @@ from textual.screen import Screen
 from . import paths
 from .config import Config, load_config, save_config
 from .engine.settings import GenerationSettings
+from .engine.worker import EngineWorker, LoadRequest, WorkerError, default_log_file
+from .engine.worker import prepare as prepare_engine_process
 from .messages import LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 from .replay import ReplayCursor
 from .screens.chat import ChatScreen, ReplayScreen
@@ -32,24 +34,6 @@ from .screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen, Te
 from .screens.loading import LoadingScreen
 from .store import ConversationRecord, Store, export_markdown
 from .themes import STYLESHEET, THEMES
-
-
-@contextlib.contextmanager
-def torch_threads_beside_ui():
-    """Leave one core to the UI thread while the engine runs.
-
-    torch's OpenMP workers spin while they wait for each other; when the UI thread takes one of
-    their cores to draw, every parallel op stalls on the descheduled worker. One worker fewer
-    than the cores keeps drawing from slowing generation (docs/performance.md).
-    """
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 1) - 1)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class SpecTuiApp(App):
@@ -80,17 +64,17 @@ class SpecTuiApp(App):
             setattr(self.config, name, value)
         if step_mode is not None:
             self.config.step_mode = step_mode
-        self.models = None
-        self.engine = None
+        self.info = None  # ModelInfo of the loaded models
+        self.engine = None  # EngineWorker: the engine in its own process
         self.load_error: str | None = None
         self.generating = False
-        self.stop_event = threading.Event()
-        self.advance_event = threading.Event()
         self.store: Store | None = None
         self.record: ConversationRecord | None = None
         self.replay_cursor = ReplayCursor(replay, playing=autoplay) if replay is not None else None
         self.replay_name = replay_name
         self.autoload = autoload  # False: no model (tests feed StepEvents themselves)
+        if replay is None:
+            prepare_engine_process()
         self.turn_ssms: list[str] = []
 
     # ---- start-up
@@ -141,38 +125,34 @@ class SpecTuiApp(App):
         threading.Thread(target=self._load_models, name="spectui-load", daemon=True).start()
 
     def _load_models(self) -> None:
-        from .engine.loading import build_engine, load_models
-        from .engine.presets import resolve_model, resolve_ssm
-
         def progress(stage: str, fraction: float | None = None) -> None:
             self.post_message(LoadProgress(stage, fraction))
 
+        progress("starting the engine process", None)
+        request = LoadRequest(self.model_spec, self.ssm_specs, self.quant, self.device_spec, log_file=str(default_log_file()))
+        worker = EngineWorker(request)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                preset = resolve_model(self.model_spec)
-                extra = tuple(resolve_ssm(s) for s in self.ssm_specs)
-                progress(f"model {preset.name}: locating", None)
-                models = load_models(preset, extra, quant=self.quant, device=self.device_spec, progress=progress)
-                progress("building the speculation engine", None)
-                engine = build_engine(models)
-        except Exception as exc:  # noqa: BLE001 - shown in the app, which keeps running
-            self.post_message(LoadFailed(f"{type(exc).__name__}: {exc}".splitlines()[0]))
+            info = worker.wait_loaded(progress)
+        except WorkerError as exc:  # shown in the app, which keeps running
+            self.post_message(LoadFailed(str(exc)))
             return
-        self.post_message(ModelsLoaded(models, engine))
+        self.post_message(ModelsLoaded(info, worker))
 
     def on_load_progress(self, message: LoadProgress) -> None:
         if isinstance(self.screen, LoadingScreen):
             self.screen.progress(message.stage, message.fraction)
 
     def on_models_loaded(self, message: ModelsLoaded) -> None:
-        self.models, self.engine = message.models, message.engine
+        if self.engine is not None:
+            self.engine.close()
+        self.info, self.engine = message.info, message.engine
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         status = self.chat.status
-        status.model = f"{self.models.preset.name} ({self.models.quant})"
-        status.ssms = ", ".join(self.engine.speculator_names) or "-"
-        status.device = f"{self.models.device}, attention {self.models.attention_backend}"
+        status.model = f"{self.info.model} ({self.info.quant})"
+        status.ssms = ", ".join(self.info.speculators) or "-"
+        status.device = f"{self.info.device}, attention {self.info.attention_backend}"
+        status.engine_pid = self.info.pid
         status.state = "ready"
         self.chat.set_notice(None)
 
@@ -200,7 +180,7 @@ class SpecTuiApp(App):
     async def open_conversation(self, conversation_id: int) -> None:
         self.record = self.store.get(conversation_id)
         self.store.set_last(conversation_id)
-        names = self.engine.speculator_names if self.engine else []
+        names = self.info.speculators if self.info else []
         await self.chat.show_history(self.store.messages(conversation_id), names)
         self.chat.sub_title = self.record.title
         self.sub_title = self.record.title
@@ -272,18 +252,17 @@ class SpecTuiApp(App):
         history = self.store.messages(self.record.id)
         self.store.add_message(self.record.id, "user", text)
         self.chat.query_one("#prompt").clear()
-        self.turn_ssms = self.engine.speculator_names if settings.speculate else []
-        await self.chat.begin_turn(text, self.turn_ssms, settings.greedy, self.models.quant)
+        self.turn_ssms = self.info.speculators if settings.speculate else []
+        await self.chat.begin_turn(text, self.turn_ssms, settings.greedy, self.info.quant)
         self.chat.set_notice(None)
         self.generating = True
-        self.stop_event.clear()
-        self.advance_event.clear()
+        self.engine.set_step_mode(self.config.step_mode)
         self.chat.status.state = "answering… (Esc stops)"
         self.generate(history, text, settings)
 
     @work(thread=True, exclusive=True, group="generate")
     def generate(self, history, text: str, settings: GenerationSettings) -> None:
-        from .engine.chat import Conversation, chat
+        from .engine.chat import Conversation
         from .engine.events import RunInfo, write_trace
 
         conversation = Conversation(system=self.record.system)
@@ -294,26 +273,22 @@ class SpecTuiApp(App):
         last, error = None, None
         try:
             with contextlib.ExitStack() as stack:
-                stack.enter_context(torch_threads_beside_ui())
-                events = chat(self.engine, self.models, conversation, settings, self.stop_event)
+                events = self.engine.chat(conversation, settings)
                 if self.trace is not None:
-                    info = RunInfo(
-                        model=self.models.preset.name, ssms=self.turn_ssms, device=self.models.device,
-                        quant=self.models.quant, attention_backend=self.models.attention_backend, prompt=text,
-                        system=self.record.system, temperature=settings.temperature, top_p=settings.top_p,
+                    info = self.info
+                    run = RunInfo(
+                        model=info.model, ssms=self.turn_ssms, device=info.device, quant=info.quant,
+                        attention_backend=info.attention_backend, prompt=text, system=self.record.system,
+                        temperature=settings.temperature, top_p=settings.top_p,
                         tree_shape=list(settings.tree_shape), max_new_tokens=settings.max_new_tokens,
+                        merge=settings.merge,
                     )
-                    events = write_trace(stack.enter_context(open(self.trace, "a", encoding="utf-8")), info, events)
-                stack.callback(getattr(events, "close", lambda: None))
+                    events = write_trace(stack.enter_context(open(self.trace, "a", encoding="utf-8")), run, events)
                 for event in events:
                     last = event
                     self.post_message(StepArrived(event))
-                    if self.config.step_mode and not event.finished:
-                        while not self.advance_event.wait(0.05) and not self.stop_event.is_set():
-                            pass
-                        self.advance_event.clear()
         except Exception as exc:  # noqa: BLE001 - shown in the app; the partial answer is kept
-            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            error = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}".splitlines()[0]
         reply = conversation.messages[-1].content if conversation.messages[-1].role == "assistant" else ""
         reason = last.stop_reason if last is not None else None
         self.post_message(TurnFinished(reply, reason, error))
@@ -342,17 +317,16 @@ class SpecTuiApp(App):
         if self.replay_cursor:
             self.replay_cursor.playing = False
             self.chat.set_replay_bar(self.replay_cursor.describe())
-        elif self.generating:
-            self.stop_event.set()
-            self.advance_event.set()
+        elif self.generating and self.engine is not None:
+            self.engine.request_stop()
             self.chat.status.state = "stopping…"
 
     def action_next_step(self) -> None:
         if self.replay_cursor:
             self.replay_cursor.playing = False
             self.call_later(self.replay_tick, False)
-        else:
-            self.advance_event.set()
+        elif self.engine is not None:
+            self.engine.advance()
 
     # ---- replay
     async def replay_tick(self, schedule: bool = True) -> None:
@@ -395,8 +369,8 @@ class SpecTuiApp(App):
     def action_toggle_step_mode(self) -> None:
         self.config.step_mode = not self.config.step_mode
         self.chat.set_step_mode(self.config.step_mode)
-        if not self.config.step_mode:
-            self.advance_event.set()
+        if self.engine is not None:
+            self.engine.set_step_mode(self.config.step_mode)
         self.save_config()
         self.notify(f"step mode {'on: f6 advances one verifier step' if self.config.step_mode else 'off'}")
 
@@ -479,7 +453,7 @@ class SpecTuiApp(App):
             yield SystemCommand("Retry loading", "Load the model again", self.action_retry_loading)
 
     def on_unmount(self) -> None:
-        self.stop_event.set()
-        self.advance_event.set()
+        if self.engine is not None:
+            self.engine.close()
         if self.store is not None:
             self.store.close()

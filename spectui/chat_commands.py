@@ -26,6 +26,7 @@ def chat(
     seed: Optional[int] = typer.Option(None, "--seed"),
     tree: Optional[str] = typer.Option(None, "--tree", help="children per node at each depth, e.g. 2,2,1,1"),
     no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
+    merge: Optional[str] = typer.Option(None, "--merge", help="union or vote: how several speculators' trees merge"),
     system: Optional[str] = typer.Option(None, "--system", help="system prompt for new conversations"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="record every turn's StepEvents to this JSONL file"),
     step: bool = typer.Option(False, "--step", help="start in step mode (pause after every verifier step)"),
@@ -40,7 +41,7 @@ def chat(
             resolve_ssm(spec)
         overrides = {
             name: value
-            for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature), ("top_p", top_p), ("tree", tree))
+            for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature), ("top_p", top_p), ("tree", tree), ("merge", merge))
             if value is not None
         }
         if no_spec:
@@ -99,7 +100,7 @@ def tui_bench(
             raise UsageFailure("--limit, --rounds and --max-new-tokens must be at least 1")
         texts = read_prompts(prompts, limit)
         models, engine = load(model, ssm, quant, device)
-        report = compare(models, engine, texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))
+        report = compare(models, engine, dict(model=model, ssms=tuple(ssm or ()), quant=quant, device=device), texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))
         typer.echo(json.dumps(report, indent=2))
         typer.echo(
             f"app {report['app_tokens_per_s']} tokens/s vs headless {report['headless_tokens_per_s']} tokens/s: "

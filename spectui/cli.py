@@ -73,7 +73,7 @@ def load(model: str, ssm: list[str] | None, quant: str, device: str):
     return models, build_engine(models)
 
 
-def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec):
+def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge="union"):
     from .engine.settings import GenerationSettings, parse_tree
 
     return GenerationSettings(
@@ -83,6 +83,7 @@ def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec):
         seed=seed,
         tree_shape=parse_tree(tree),
         speculate=not no_spec,
+        merge=merge,
     )
 
 
@@ -99,6 +100,9 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed"),
     tree: str = typer.Option("2,2,1,1", "--tree", help="children per node at each depth"),
     no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
+    merge: str = typer.Option(
+        "union", "--merge", help="merge the speculators' trees: union (all) or vote (per depth, the most agreed)"
+    ),
     system: Optional[str] = typer.Option(None, "--system", help="system prompt"),
     as_json: bool = typer.Option(False, "--json", help="print StepEvents as JSON lines instead of text"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="record StepEvents to this JSONL file"),
@@ -110,7 +114,7 @@ def generate(
     with friendly_errors():
         if not prompt.strip():
             raise UsageFailure("the prompt is empty")
-        settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec)
+        settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge)
         models, engine = load(model, ssm, quant, device)
         conversation = Conversation(system=system)
         conversation.add("user", prompt)
@@ -127,6 +131,7 @@ def generate(
             top_p=top_p,
             tree_shape=list(settings.tree_shape),
             max_new_tokens=max_new_tokens,
+            merge=settings.merge,
         )
         with contextlib.ExitStack() as stack:
             if trace is not None:
@@ -196,22 +201,24 @@ def bench(
     limit: Optional[int] = typer.Option(None, "--limit", help="use the first N prompts"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
     json_out: Optional[str] = typer.Option(None, "--json", help="write the report as JSON to PATH, or - for stdout"),
+    merge: str = typer.Option("both", "--merge", help="speculative rows: union, vote or both"),
 ) -> None:
     """Compare incremental, hf-generate, hf-assisted and speculative decoding, greedy, in one process."""
-    from .bench import format_table, read_prompts, run_bench
+    from .bench import format_table, merge_policies, read_prompts, run_bench
 
     with friendly_errors():
         if max_new_tokens < 1:
             raise UsageFailure("--max-new-tokens must be at least 1")
         if limit is not None and limit < 1:
             raise UsageFailure("--limit must be at least 1")
+        merge_policies(merge)  # ValueError with the choices: exit 2 before any model loads
         texts = read_prompts(prompts, limit)
         loaded, engine = load(model, ssm, quant, device)
 
         def progress(done, total):
             typer.echo(f"bench: {done}/{total} prompts", err=True)
 
-        report = run_bench(loaded, engine, texts, max_new_tokens, progress)
+        report = run_bench(loaded, engine, texts, max_new_tokens, progress, merge=merge)
         typer.echo(format_table(report), err=json_out == "-")
         if json_out == "-":
             typer.echo(json.dumps(report, indent=2))

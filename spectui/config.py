@@ -22,6 +22,7 @@ class Config:
     top_p: float = 1.0
     tree: str = "2,2,1,1"
     speculate: bool = True
+    merge: str = "union"  # how several speculators' trees merge: union or vote
     max_new_tokens: int = 256
     notice: str | None = None  # not saved: why the file was ignored
 
@@ -34,6 +35,7 @@ class Config:
             seed=seed,
             tree_shape=parse_tree(self.tree),
             speculate=self.speculate,
+            merge=self.merge,
         )
 
 
@@ -68,7 +70,7 @@ def load_config(path: Path) -> Config:
     except ValueError as exc:
         config.notice = f"config {path}: generation settings ignored: {exc}"
         defaults = Config()
-        for name in ("temperature", "top_p", "tree", "speculate", "max_new_tokens"):
+        for name in ("temperature", "top_p", "tree", "speculate", "merge", "max_new_tokens"):
             setattr(config, name, getattr(defaults, name))
     return config
 

@@ -33,8 +33,8 @@ class LoadProgress(Message):
 
 @dataclass
 class ModelsLoaded(Message):
-    models: object  # LoadedModels
-    engine: object  # SpeculativeEngine
+    info: object  # engine.worker.ModelInfo
+    engine: object  # engine.worker.EngineWorker (or anything with its chat/stop/advance methods)
 
 
 @dataclass

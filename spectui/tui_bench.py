@@ -1,12 +1,14 @@
 """App vs headless throughput: does drawing the chat slow the engine down?
 
-The same loaded models answer the same prompts (greedy, same max new tokens) twice per round:
-once headless (the StepEvents are simply consumed) and once through the app (a headless
-Textual app, rendering the conversation, tree and chart from the very same StepEvents; only
-the terminal write is missing). Throughput is the engine's own measure, committed tokens over
-generation time, summed over prompts and rounds; headless takes, per prompt, the faster of torch's
-default thread count and the app's (one core left to the UI); each prompt is answered both ways back to back,
-the order alternating, so background load and warm-up fall on both sides alike. The app should keep at least 95 % of headless tokens/s.
+The same prompts are answered (greedy, same max new tokens) headless and through the app, per
+prompt and round back to back, the order alternating, so background load and warm-up fall on
+both sides alike. Headless is the engine in this process with its StepEvents simply consumed,
+run at torch's default thread count and at the app's engine thread count (one core left to the
+UI); the faster of the two totals is the baseline. The app is `SpecTuiApp` as `spectui chat`
+runs it (headless Textual: everything is laid out and rendered, only the terminal write is
+missing), its engine in its own process, turns sent through `SpecTuiApp.send` exactly as a
+typed message is. Throughput is the engine's own measure, committed tokens over generation
+time, summed over prompts and rounds. The app should keep at least 95 % of headless tokens/s.
 """
 
 from __future__ import annotations
@@ -43,26 +45,34 @@ def run_headless(models, engine, prompts: list[str], settings: GenerationSetting
     return out
 
 
-def best_headless(models, engine, prompt: str, settings: GenerationSettings) -> Throughput:
-    from .app import torch_threads_beside_ui
+def run_headless_threads(models, engine, prompt: str, settings: GenerationSettings, threads: int) -> Throughput:
+    import torch
 
-    default = run_headless(models, engine, [prompt], settings)
-    with torch_threads_beside_ui():
-        fewer = run_headless(models, engine, [prompt], settings)
-    return max(default, fewer, key=lambda t: t.tokens_per_s)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return run_headless(models, engine, [prompt], settings)
+    finally:
+        torch.set_num_threads(saved)
 
 
-async def run_session(models, engine, prompts: list[str], settings: GenerationSettings, rounds: int, progress=None):
+async def run_session(models, engine, spec: dict, prompts: list[str], settings: GenerationSettings, rounds: int, progress=None):
     """One app session; per prompt and round, a headless answer and an app answer, order alternating.
 
     Headless answers run in a thread while the app sits idle (its history goes to a throwaway
-    SPECTUI_HOME); app answers go through `SpecTuiApp.send`, exactly as a typed message does.
+    SPECTUI_HOME that shares the model cache); app answers go through `SpecTuiApp.send`, exactly
+    as a typed message does.
     """
-    saved = os.environ.get("SPECTUI_HOME")
+    from . import paths
+
+    saved, models_dir = os.environ.get("SPECTUI_HOME"), paths.models_dir()
     with tempfile.TemporaryDirectory(prefix="spectui-tui-bench-") as home:
         os.environ["SPECTUI_HOME"] = home
+        if models_dir.exists():
+            paths.models_dir().parent.mkdir(parents=True)
+            paths.models_dir().symlink_to(models_dir.resolve(), target_is_directory=True)
         try:
-            return await _session(models, engine, prompts, settings, rounds, progress)
+            return await _session(models, engine, spec, prompts, settings, rounds, progress)
         finally:
             if saved is None:
                 os.environ.pop("SPECTUI_HOME", None)
@@ -70,27 +80,36 @@ async def run_session(models, engine, prompts: list[str], settings: GenerationSe
                 os.environ["SPECTUI_HOME"] = saved
 
 
-async def _session(models, engine, prompts, settings, rounds, progress):
+async def _session(models, engine, spec, prompts, settings, rounds, progress):
+    import torch
+
     from .app import SpecTuiApp
-    from .messages import ModelsLoaded
+    from .engine.worker import engine_threads
     from .widgets.token_tree import TokenTreeView
 
+    thread_counts = sorted({torch.get_num_threads(), engine_threads(None)})
     overrides = {"max_new_tokens": settings.max_new_tokens, "tree": ",".join(map(str, settings.tree_shape)),
                  "temperature": 0.0, "speculate": settings.speculate}
-    app = SpecTuiApp(autoload=False, overrides=overrides)
-    headless, in_app = [Throughput() for _ in range(rounds)], [Throughput() for _ in range(rounds)]
+    app = SpecTuiApp(overrides=overrides, **spec)  # loads its own engine process, as `spectui chat` does
+    headless = {n: [Throughput() for _ in range(rounds)] for n in thread_counts}
+    in_app = [Throughput() for _ in range(rounds)]
     async with app.run_test(size=(140, 42)) as pilot:
-        app.post_message(ModelsLoaded(models, engine))
+        while app.engine is None:
+            if app.load_error:
+                raise RuntimeError(f"the app could not load the models: {app.load_error}")
+            await asyncio.sleep(0.1)
         await pilot.pause(0.2)
+        await app.send(prompts[0])  # warm-up of the engine process
+        while app.generating:
+            await asyncio.sleep(0.05)
         for r in range(rounds):
             for i, prompt in enumerate(prompts):
                 for kind in (("headless", "app") if (r + i) % 2 == 0 else ("app", "headless")):
                     if kind == "headless":
-                        # the faster of the engine's default thread count and the app's (one core left to
-                        # the UI), so the app is held to the best headless figure
-                        done = await asyncio.to_thread(best_headless, models, engine, prompt, settings)
-                        headless[r].tokens += done.tokens
-                        headless[r].seconds += done.seconds
+                        for n in thread_counts:
+                            done = await asyncio.to_thread(run_headless_threads, models, engine, prompt, settings, n)
+                            headless[n][r].tokens += done.tokens
+                            headless[n][r].seconds += done.seconds
                     else:
                         await app.action_new_conversation()
                         await app.send(prompt)
@@ -100,22 +119,30 @@ async def _session(models, engine, prompts, settings, rounds, progress):
                         in_app[r].tokens += last.total_tokens
                         in_app[r].seconds += last.elapsed_s
             if progress:
-                progress(f"round {r + 1}/{rounds}: headless {headless[r].tokens_per_s:.1f} tokens/s, "
-                         f"app {in_app[r].tokens_per_s:.1f} tokens/s")
+                figures = ", ".join(f"{n} threads {headless[n][r].tokens_per_s:.1f}" for n in thread_counts)
+                progress(f"round {r + 1}/{rounds}: headless {figures} tokens/s; app {in_app[r].tokens_per_s:.1f} tokens/s")
     return headless, in_app
 
 
-def compare(models, engine, prompts: list[str], max_new_tokens: int, rounds: int = 2, progress=None) -> dict:
+def total(throughputs: list[Throughput]) -> Throughput:
+    return Throughput(sum(t.tokens for t in throughputs), sum(t.seconds for t in throughputs))
+
+
+def compare(models, engine, spec: dict, prompts: list[str], max_new_tokens: int, rounds: int = 2, progress=None) -> dict:
+    """`spec`: the app's model arguments (model, ssms, quant, device), the same models as `models`."""
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
     run_headless(models, engine, prompts[:1], GenerationSettings(max_new_tokens=8))  # warm-up
-    headless, in_app = asyncio.run(run_session(models, engine, prompts, settings, rounds, progress))
-    h = sum(t.tokens for t in headless) / sum(t.seconds for t in headless)
-    a = sum(t.tokens for t in in_app) / sum(t.seconds for t in in_app)
+    headless, in_app = asyncio.run(run_session(models, engine, spec, prompts, settings, rounds, progress))
+    by_threads = {n: total(rounds_) for n, rounds_ in headless.items()}
+    best = max(by_threads, key=lambda n: by_threads[n].tokens_per_s)
+    h, a = by_threads[best].tokens_per_s, total(in_app).tokens_per_s
     return {
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
         "rounds": rounds,
-        "headless_tokens_per_s_by_round": [round(t.tokens_per_s, 2) for t in headless],
+        "headless_tokens_per_s_by_threads": {str(n): round(t.tokens_per_s, 2) for n, t in by_threads.items()},
+        "headless_threads": best,
+        "headless_tokens_per_s_by_round": [round(t.tokens_per_s, 2) for t in headless[best]],
         "app_tokens_per_s_by_round": [round(t.tokens_per_s, 2) for t in in_app],
         "headless_tokens_per_s": round(h, 2),
         "app_tokens_per_s": round(a, 2),

@@ -137,6 +137,8 @@ class SettingsScreen(ModalScreen[tuple[Config, str | None] | None]):
                 yield Input(str(c.max_new_tokens), id="max_new_tokens", compact=True)
                 yield Label("Speculate (SSMs on)")
                 yield Switch(c.speculate, id="speculate")
+                yield Label("Merge the SSMs' trees (union or vote)")
+                yield Input(c.merge, id="merge", compact=True)
             yield Label("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", id="save", variant="primary")
@@ -160,6 +162,7 @@ class SettingsScreen(ModalScreen[tuple[Config, str | None] | None]):
             config.tree = value("tree")
             config.max_new_tokens = int(value("max_new_tokens"))
             config.speculate = self.query_one("#speculate", Switch).value
+            config.merge = value("merge")
             config.settings()
         except ValueError as exc:
             self.query_one("#settings-error", Label).update(f"✗ {exc}")

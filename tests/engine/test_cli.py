@@ -69,6 +69,8 @@ def test_generate_json_prints_step_events(embedded_dir):
         (["generate", "hi", "--tree", "0,1"], "--tree"),
         (["generate", "hi", "--quant", "q3"], "--quant"),
         (["generate", "hi", "--top-p", "0"], "top-p"),
+        (["generate", "hi", "--merge", "majority"], "--merge must be union or vote"),
+        (["bench", "--merge", "all"], "--merge must be union, vote or both"),
         (["bench", "--prompts", "/no/such/prompts.jsonl"], "cannot read prompts"),
     ],
 )
@@ -118,6 +120,7 @@ def test_ctrl_c_stops_and_keeps_output(embedded_dir):
 
 @pytest.mark.slow
 def test_bench_reports_identical_outputs(embedded_dir, tmp_path):
+    """Default --merge both: one speculative row per merge policy, each compared on its own."""
     prompts = tmp_path / "p.txt"
     prompts.write_text("What is the capital of France?\nRepeat: red green blue red green blue\n")
     result = spectui("bench", "--prompts", str(prompts), "--max-new-tokens", "16", "--json", "-", timeout=600)
@@ -125,10 +128,55 @@ def test_bench_reports_identical_outputs(embedded_dir, tmp_path):
     report = json.loads(result.stdout)
     assert report["prompts"] == 2 and report["compared_outputs"] == 2
     assert report["identical_outputs"] == 2 and report["identical_to_hf_generate"] == 2
-    assert set(report["methods"]) == {"incremental", "hf-generate", "hf-assisted", "speculative"}
+    assert set(report["methods"]) == {"incremental", "hf-generate", "hf-assisted", "speculative", "speculative-vote"}
+    assert report["methods"]["speculative"]["merge"] == "union" and report["merge"] == "union"
+    assert report["methods"]["speculative-vote"]["merge"] == "vote"
     assert report["methods"]["speculative"]["mean_accepted"] >= 1.0
     assert report["speedup_vs_incremental"] > 0 and report["speedup_vs_hf_assisted"] > 0
-    assert "speculative vs" in result.stderr
+    assert set(report["by_merge"]) == {"union", "vote"}
+    for policy, row in report["by_merge"].items():
+        method = report["methods"][row["method"]]
+        assert row["identical_outputs"] == 2 and row["identical_to_hf_generate"] == 2, policy
+        assert row["mean_accepted"] == method["mean_accepted"] >= 1.0 and row["mean_drafted"] > 0
+        assert row["speedup_vs_incremental"] > 0 and row["speedup_vs_hf_assisted"] > 0
+    # the embedded preset has one speculator (n-gram): every node has one vote, vote == union
+    assert report["speculators"] == ["ngram"]
+    assert report["by_merge"]["vote"]["mean_accepted"] == report["by_merge"]["union"]["mean_accepted"]
+    table = result.stderr
+    assert "speculative (union)" in table and "speculative (vote)" in table
+    assert "speculative (vote) vs faster of incremental/hf-generate" in table
+    assert "speculative (vote) output identical to incremental: 2/2" in table
+
+
+def test_bench_merge_choices():
+    from spectui.bench import merge_policies
+
+    assert merge_policies("both") == ("union", "vote")
+    assert merge_policies("vote") == ("vote",) and merge_policies("union") == ("union",)
+    with pytest.raises(ValueError, match="union, vote or both"):
+        merge_policies("intersection")
+
+
+@pytest.mark.slow
+def test_generate_with_vote_merge_and_two_speculators(embedded_dir, tmp_path):
+    """--ssm the embedded folder (unquantised: near-perfect) beside the n-gram drafter, which agree
+    on a repetitive answer: vote must leave one vote count per depth, where union would mix them."""
+    trace = tmp_path / "vote.jsonl"
+    result = spectui(
+        "generate", "Repeat exactly: red green blue red green blue red green blue", "--max-new-tokens", "24",
+        "--merge", "vote", "--ssm", str(embedded_dir), "--trace", str(trace),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "red green blue" in result.stdout
+    info, events = read_trace(trace)
+    assert info.merge == "vote" and len(info.ssms) == 2
+    nodes = [node for event in events[1:] for node in event.tree[1:]]
+    assert any(len(node.sources) == 2 for node in nodes), "the two speculators should agree somewhere"
+    for event in events[1:]:
+        counts = {}
+        for node in event.tree[1:]:
+            counts.setdefault(node.depth, set()).add(len(node.sources))
+        assert all(len(c) == 1 for c in counts.values())
 
 
 def test_bench_reads_vicuna_jsonl():

@@ -3,7 +3,9 @@
 The oracle is `generate(do_sample=False)` on the very verifier object the engine uses (the
 embedded model, NF4). Speculators: the n-gram drafter, a near-perfect SSM (the verifier's own
 unquantised weights: long acceptances), a deliberately bad SSM (a random tiny model with the
-same vocabulary: rejections), one and two SSMs, several tree shapes.
+same vocabulary: rejections), one and two SSMs, several tree shapes, both merge policies (union
+and vote; vote's speculators include the NF4 verifier itself, which agrees with its unquantised
+weights on most but not all tokens, so vote really prunes).
 """
 
 from __future__ import annotations
@@ -49,37 +51,63 @@ def references(embedded_models):
     return out
 
 
-def run(engine, ids, shape, speculate=True):
-    settings = GenerationSettings(max_new_tokens=MAX_NEW, tree_shape=shape, speculate=speculate)
+def run(engine, ids, shape, speculate=True, merge="union"):
+    settings = GenerationSettings(max_new_tokens=MAX_NEW, tree_shape=shape, speculate=speculate, merge=merge)
     events = list(engine.generate(ids, settings))
     tokens = [t for e in events for t in e.new_tokens]
-    return tokens, events[-1]
+    return tokens, events[-1], events
 
 
+def two_ssms_and_ngram(fp32, bad, nf4):
+    return [ModelDrafter("bad", bad), ModelDrafter("self", fp32), NGramDrafter()]
+
+
+# name -> (speculators from (fp32 SSM, bad SSM, NF4 verifier), tree shape, merge policy)
 CONFIGS = {
-    "incremental": (lambda fp32, bad: [], (1,)),
-    "ngram": (lambda fp32, bad: [NGramDrafter()], (2, 2, 1, 1)),
-    "perfect-deep": (lambda fp32, bad: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1)),
-    "perfect-wide": (lambda fp32, bad: [ModelDrafter("self", fp32)], (3, 1)),
-    "bad": (lambda fp32, bad: [ModelDrafter("bad", bad)], (2, 2, 1, 1)),
-    "two-ssms+ngram": (lambda fp32, bad: [ModelDrafter("bad", bad), ModelDrafter("self", fp32), NGramDrafter()], (2, 1, 1)),
+    "incremental": (lambda fp32, bad, nf4: [], (1,), "union"),
+    "ngram": (lambda fp32, bad, nf4: [NGramDrafter()], (2, 2, 1, 1), "union"),
+    "perfect-deep": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1), "union"),
+    "perfect-wide": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (3, 1), "union"),
+    "bad": (lambda fp32, bad, nf4: [ModelDrafter("bad", bad)], (2, 2, 1, 1), "union"),
+    "two-ssms+ngram": (two_ssms_and_ngram, (2, 1, 1), "union"),
+    "vote:two-ssms+ngram": (two_ssms_and_ngram, (2, 1, 1), "vote"),
+    "vote:perfect+verifier": (
+        lambda fp32, bad, nf4: [ModelDrafter("self", fp32), ModelDrafter("nf4", nf4)], (2, 2, 1, 1), "vote"
+    ),
 }
+
+
+def vote_counts_per_depth(event) -> dict[int, set[int]]:
+    """Depth -> the set of vote counts (number of proposing speculators) among the tree's nodes."""
+    counts: dict[int, set[int]] = {}
+    for node in event.tree[1:]:
+        counts.setdefault(node.depth, set()).add(len(node.sources))
+    return counts
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_speculative_equals_hf_generate(config, embedded_models, embedded_fp32, bad_ssm, references):
-    make, shape = CONFIGS[config]
+    make, shape, merge = CONFIGS[config]
     m = embedded_models
-    engine = SpeculativeEngine(m.verifier, m.tokenizer, make(embedded_fp32, bad_ssm), m.stop_token_ids())
-    stats = []
+    engine = SpeculativeEngine(m.verifier, m.tokenizer, make(embedded_fp32, bad_ssm, m.verifier), m.stop_token_ids())
+    stats, steps = [], []
     for prompt in PROMPTS:
         ids, expected = references[prompt]
-        tokens, last = run(engine, ids, shape, speculate=config != "incremental")
+        tokens, last, events = run(engine, ids, shape, speculate=config != "incremental", merge=merge)
         assert tokens == expected, f"{config}: output differs from generate() for {prompt!r}"
         stats.append(last)
+        steps += events[1:]
     mean_accepted = sum(s.mean_accepted for s in stats) / len(stats)
     acceptance = sum(s.acceptance_rate for s in stats) / len(stats)
+    if merge == "vote":  # the policy was applied: at every depth the survivors share one vote count
+        assert all(len(c) == 1 for e in steps for c in vote_counts_per_depth(e).values())
+    if config == "vote:perfect+verifier":
+        # union holds the fp32 SSM's 2+4+4+4 = 14 nodes at least; vote keeps only the agreed ones
+        assert sum(e.drafted < 14 for e in steps) > len(steps) // 2, "vote should prune most trees"
+        assert mean_accepted > 2.5, "pruning disagreements must keep the long acceptances"
+    if config == "two-ssms+ngram":  # union keeps minority nodes beside agreed ones
+        assert any(len(c) > 1 for e in steps for c in vote_counts_per_depth(e).values())
     if config.startswith("perfect"):
         assert mean_accepted > 2.5, "a near-perfect SSM must give long acceptances"
     if config == "bad":

@@ -101,3 +101,30 @@ async def test_step_mode_waits_for_the_key(model_home):
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.generating, 60, "generation to stop")
         assert tree.events[-1].stop_reason in ("stopped", "eos", "length")
+
+
+@pytest.mark.slow
+async def test_generation_failures_are_shown_and_the_conversation_kept(model_home):
+    # max_new_tokens beyond the context window: the engine process fails the turn (ContextError)
+    app = SpecTuiApp(overrides={"max_new_tokens": 10**6})
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None or app.load_error, 300, "the model to load")
+        await app.send("Will this work?")
+        await wait_for(pilot, lambda: not app.generating, 60, "the failed turn")
+        await pilot.pause(0.2)
+        notice = str(app.chat.query_one("#notice").render())
+        assert "Generation failed" in notice and "ContextError" in notice
+        assert app.is_running
+        # the engine process dies: the next turn fails with the reason, the app keeps running
+        app.engine.process.kill()
+        app.engine.process.join(10)
+        app.config.max_new_tokens = 8
+        await app.send("And now?")
+        await wait_for(pilot, lambda: not app.generating, 60, "the second failed turn")
+        await pilot.pause(0.2)
+        assert "engine process exited" in str(app.chat.query_one("#notice").render())
+        assert app.is_running
+        record_id = app.record.id
+    store = Store(paths.history_db())
+    assert [m.content for m in store.messages(record_id) if m.role == "user"] == ["Will this work?", "And now?"]
+    store.close()

@@ -21,7 +21,7 @@ SIZE = (140, 42)
 
 @pytest.fixture
 def fixed_memory(monkeypatch):
-    monkeypatch.setattr("spectui.widgets.status.memory_in_use", lambda: "RAM 512 MiB")
+    monkeypatch.setattr("spectui.widgets.status.memory_in_use", lambda engine_pid=0: "RAM 512 MiB")
 
 
 def test_main_screen(snap_compare, fresh_home, fixed_memory):
