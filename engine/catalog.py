@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from .presets import EMBEDDED, PRESETS, Preset
+from .presets import BUNDLED, EMBEDDED, PRESETS, Preset
 
 
 def is_cached(source: str) -> bool:
+    if source.startswith(BUNDLED):
+        return True  # shipped inside the package
     if source == EMBEDDED:
         from .embedded import is_cached as embedded_cached
 
@@ -21,7 +23,7 @@ def preset_rows() -> list[dict]:
 
 def describe(preset: Preset) -> dict:
     verifier = "SmolLM2-135M-Instruct (embedded GGUF)" if preset.verifier == EMBEDDED else preset.verifier
-    ssms = list(preset.ssms) + (["ngram (prompt lookup)"] if preset.ngram else [])
+    ssms = [describe_ssm(s) for s in preset.ssms] + (["ngram (prompt lookup)"] if preset.ngram else [])
     cached = all(is_cached(source) for source in (preset.verifier, *preset.ssms))
     return {
         "name": preset.name,
@@ -31,3 +33,9 @@ def describe(preset: Preset) -> dict:
         "cached": cached,
         "description": preset.description,
     }
+
+
+def describe_ssm(source: str) -> str:
+    if source.startswith(BUNDLED):
+        return f"{source.removeprefix(BUNDLED)} (boost-tuned, shipped with spectui)"
+    return source

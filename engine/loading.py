@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .presets import EMBEDDED, Preset
+from .presets import BUNDLED, EMBEDDED, Preset
 
 QUANTS = ("nf4", "fp4", "int8", "none")
 Progress = Callable[[str, float | None], None]
@@ -111,12 +111,31 @@ def locate(source: str, progress: Progress | None = None) -> Path:
         from .embedded import ensure_embedded
 
         return ensure_embedded(progress=progress)
+    if source.startswith(BUNDLED):
+        return bundled_folder(source)
     path = Path(source).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return convert_user_gguf(path, progress)
     if path.exists():
         return path
     return download_from_hub(source)
+
+
+def bundled_folder(source: str) -> Path:
+    """'bundled:NAME' -> the SSM folder shipped in the package (the repository's ssms/NAME)."""
+    from importlib.resources import files
+
+    folder = Path(str(files("spectui.ssms"))) / source.removeprefix(BUNDLED)
+    if not (folder / "config.json").exists():
+        raise ModelLoadError(f"the bundled SSM {folder.name} is missing from this installation ({folder})")
+    return folder
+
+
+def source_name(source: str) -> str:
+    """How a speculator is named in events and on screen: its folder name, repo name or bundled name."""
+    if source.startswith(BUNDLED):
+        return source.removeprefix(BUNDLED)
+    return Path(source).name if Path(source).exists() else source.split("/")[-1]
 
 
 def convert_user_gguf(gguf: Path, progress: Progress | None = None) -> Path:
@@ -234,7 +253,7 @@ def load_models(
     ssms = []
     for source in (*preset.ssms, *extra_ssms):
         ssm_folder = locate(source, progress)
-        name = Path(source).name if Path(source).exists() else source.split("/")[-1]
+        name = source_name(source)
         note(f"loading SSM {name}", None)
         ssm = load_causal_lm(ssm_folder, device, "none")
         check_vocabulary(name, ssm, ssm_folder, verifier, tokenizer)

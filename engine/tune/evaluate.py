@@ -1,0 +1,69 @@
+"""Agreement of SSMs with the verifier on held-out answers: the acceptance a tree can hope for.
+
+For every held-out answer position t with verifier token y_t and SSM j's logits q_t^(j):
+
+    top-1(j)     = mean_t [argmax q_t^(j) = y_t]               (a greedy chain of SSM j survives t)
+    top-k(j)     = mean_t [y_t in top_k(q_t^(j))]              (a width-k tree level of SSM j holds y_t)
+    together-1   = mean_t [exists j: argmax q_t^(j) = y_t]     (the merged tree's top-1 children)
+    together-k   = mean_t [exists j: y_t in top_k(q_t^(j))]
+
+Numbers are given for all held-out positions and for the greedy answers alone (the verifier's
+argmax path: what greedy decoding accepts). SSMs run as the engine runs them (fp32 on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .train import LOGIT_CHUNK, Sequence, collate, make_batches
+
+
+@torch.no_grad()
+def predict_topk(model, seqs: list[Sequence], k: int, batch_tokens: int = 4096,
+                 tick: Callable[[int], None] = lambda n: None) -> list[torch.Tensor]:
+    """-> per sequence the SSM's top-k tokens at each target position: [len(targets), k] (best first)."""
+    device = next(model.parameters()).device
+    out: list[torch.Tensor | None] = [None] * len(seqs)
+    for group in make_batches(seqs, batch_tokens):
+        ids, mask = collate([seqs[i] for i in group])  # [B, T], [B, T]
+        hidden = model.model(input_ids=ids.to(device)).last_hidden_state[mask.to(device)]  # [N, H]
+        top = torch.cat([
+            torch.topk(model.lm_head(hidden[lo : lo + LOGIT_CHUNK]).float(), k, dim=-1).indices
+            for lo in range(0, hidden.shape[0], LOGIT_CHUNK)
+        ]).cpu()  # [N, k]
+        counts = mask.sum(dim=1).tolist()
+        for i, part in zip(group, torch.split(top, counts)):
+            out[i] = part
+        tick(sum(len(seqs[i].ids) for i in group))
+    return out  # type: ignore[return-value]
+
+
+def agreement(predictions: list[list[torch.Tensor]], seqs: list[Sequence], k: int) -> dict:
+    """predictions[j][i] [A_i, k] for SSM j and sequence i -> {"ssms": [...], "together": {...}, "positions": N}."""
+    if not seqs or not predictions:
+        return {"positions": 0, "ssms": [], "together": {}}
+    targets = torch.cat([torch.tensor(s.targets) for s in seqs])  # [N]
+    tops = [torch.cat(p) for p in predictions]  # each [N, k]
+    top1 = torch.stack([t[:, 0] == targets for t in tops])  # [J, N]
+    topk = torch.stack([(t[:, :k] == targets[:, None]).any(dim=1) for t in tops])  # [J, N]
+    rate = lambda hits: round(hits.float().mean().item(), 4)  # noqa: E731
+    return {
+        "positions": int(targets.numel()),
+        "ssms": [{"top1": rate(top1[j]), f"top{k}": rate(topk[j])} for j in range(len(tops))],
+        "together": {"top1": rate(top1.any(dim=0)), f"top{k}": rate(topk.any(dim=0))},
+    }
+
+
+def evaluate(models_: list[tuple[str, object]], seqs: list[Sequence], k: int, batch_tokens: int,
+             tick: Callable[[int], None] = lambda n: None) -> dict:
+    """Agreement of each (name, SSM) and of all together, on all held-out answers and on greedy ones."""
+    predictions = [predict_topk(model, seqs, k, batch_tokens, tick) for _, model in models_]
+    greedy = [i for i, s in enumerate(seqs) if s.mode == "greedy"]
+    report = {"all": agreement(predictions, seqs, k),
+              "greedy": agreement([[p[i] for i in greedy] for p in predictions], [seqs[i] for i in greedy], k)}
+    for part in report.values():
+        for entry, (name, _) in zip(part["ssms"], models_):
+            entry["name"] = name
+    return report

@@ -1,0 +1,88 @@
+"""`spectui tune`: boost-tune small speculative models (SSMs) for a verifier (engine/tune/, docs/tuning.md).
+
+Long runs belong in the background (`nohup spectui tune ... &`); OUT/tune.log follows progress and
+`--resume` continues an interrupted run where it stopped. Bad input is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .cli import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, app, friendly_errors
+from .engine.tune.config import TuneConfig
+
+D = TuneConfig  # its class attributes are the defaults the help texts quote
+
+
+def knob(flag: str, text: str):
+    """An optional override of a TuneConfig default (None keeps the default)."""
+    return typer.Option(None, flag, help=text)
+
+
+def default_out(model: str) -> Path:
+    """<user data dir>/tuned/<model name> ($SPECTUI_HOME/data/tuned/... when SPECTUI_HOME is set)."""
+    from .paths import data_dir
+
+    name = Path(model.rstrip("/")).name or "model"
+    return data_dir() / "tuned" / name.removesuffix(".gguf")
+
+
+@app.command()
+def tune(
+    model: str = ModelOpt,
+    ssms: int = typer.Option(D.ssms, "--ssms", help="how many SSMs to boost-tune, one after the other"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="prompts file (JSONL or one a line); default: Magpie"),
+    tokens: Optional[int] = knob("--tokens", f"verifier answer tokens to generate (default {D.tokens}: about an hour)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: <data dir>/tuned/<model>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run in --out: skip finished work, load checkpoints"),
+    quant: str = QuantOpt,
+    device: str = DeviceOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)"),
+    hidden: Optional[int] = knob("--hidden", f"SSM hidden size (default {D.hidden})"),
+    layers: Optional[int] = knob("--layers", f"SSM layers (default {D.layers})"),
+    heads: Optional[int] = knob("--heads", f"SSM attention heads (default {D.heads})"),
+    kv_heads: Optional[int] = knob("--kv-heads", f"SSM key/value heads (default {D.kv_heads})"),
+    intermediate: Optional[int] = knob("--intermediate", f"SSM MLP size (default {D.intermediate})"),
+    epochs: Optional[float] = knob("--epochs", f"training epochs per SSM (default {D.epochs:g})"),
+    batch_size: Optional[int] = knob("--batch-size", f"verifier generate batch (default {D.batch_size})"),
+    max_answer_tokens: Optional[int] = knob("--max-answer-tokens", f"longest verifier answer (default {D.max_answer_tokens})"),
+    batch_tokens: Optional[int] = knob("--batch-tokens", f"padded tokens per training step (default {D.batch_tokens})"),
+    checkpoint_every: Optional[int] = knob("--checkpoint-every", f"steps between checkpoints (default {D.checkpoint_every})"),
+    hit_weight: Optional[float] = knob("--hit-weight", f"loss weight where earlier SSMs hit (default {D.hit_weight})"),
+    top_k: Optional[int] = knob("--top-k", f"k of the top-k agreement (default {D.top_k})"),
+    seed: int = typer.Option(D.seed, "--seed"),
+    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="keep ssm-K/checkpoint.pt after training"),
+) -> None:
+    """Synthesise prompts, collect the verifier's answers and boost-tune SSMs on them (SpecInfer)."""
+    from dataclasses import replace
+
+    from .engine.presets import resolve_model
+
+    with friendly_errors():
+        if prompts is not None and not prompts.is_file():
+            raise UsageFailure(f"--prompts {prompts}: no such file")
+        preset = resolve_model(model)
+        knobs = dict(
+            tokens=tokens, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
+            epochs=epochs, batch_size=batch_size, max_answer_tokens=max_answer_tokens, hit_weight=hit_weight,
+            top_k=top_k, batch_tokens=batch_tokens, checkpoint_every=checkpoint_every,
+        )
+        overrides = {key: value for key, value in knobs.items() if value is not None}
+        if batch_size is not None:
+            overrides["magpie_batch"] = batch_size
+        if heads is not None and kv_heads is None and heads % D.kv_heads:
+            overrides["kv_heads"] = heads  # plain multi-head attention when the default grouping does not divide
+        cfg = replace(
+            TuneConfig(), out=out or default_out(preset.name), model=model, ssms=ssms, prompts_file=prompts,
+            quant=quant, device=device, threads=threads, resume=resume, seed=seed, keep_checkpoints=keep_checkpoints,
+            **overrides,
+        ).validate()
+        from .engine.tune.pipeline import run_tune
+
+        report = run_tune(cfg)  # logs the agreement lines itself
+    folders = [entry["folder"] for entry in report["ssms"]]
+    typer.echo(f"SSMs in {report['out']}: " + ", ".join(Path(f).name for f in folders))
+    typer.echo("use them with: spectui chat " + " ".join(f"--ssm {f}" for f in folders))

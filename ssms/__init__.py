@@ -1,0 +1,1 @@
+"""Boost-tuned SSMs shipped with spectui for the embedded verifier (how they were made: README.md)."""
