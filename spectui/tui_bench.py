@@ -2,9 +2,9 @@
 
 The same prompts are answered (greedy, same max new tokens) headless and through the app, per
 prompt and round back to back, the order alternating, so background load and warm-up fall on
-both sides alike. Headless is the engine in this process with its StepEvents simply consumed,
-run at torch's default thread count and at the app's engine thread count (one core left to the
-UI); the faster of the two totals is the baseline. The app is `SpecTuiApp` as `spectui chat`
+both sides alike. Headless runs three ways, StepEvents simply consumed: the engine in this process
+at torch's default thread count and at the app's engine thread count (one core left to the UI),
+and an engine process of its own exactly like the app's; the fastest total is the baseline. The app is `SpecTuiApp` as `spectui chat`
 runs it (headless Textual: everything is laid out and rendered, only the terminal write is
 missing), its engine in its own process, turns sent through `SpecTuiApp.send` exactly as a
 typed message is. Throughput is the engine's own measure, committed tokens over generation
@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .engine.chat import Conversation, chat
-from .engine.settings import GenerationSettings
+from .engine.settings import GenerationSettings, tree_text
 
 
 @dataclass
@@ -84,14 +84,28 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
     import torch
 
     from .app import SpecTuiApp
-    from .engine.worker import engine_threads
+    from .engine.chat import Conversation
+    from .engine.worker import EngineWorker, LoadRequest, engine_threads
     from .widgets.token_tree import TokenTreeView
 
     thread_counts = sorted({torch.get_num_threads(), engine_threads(None)})
-    overrides = {"max_new_tokens": settings.max_new_tokens, "tree": ",".join(map(str, settings.tree_shape)),
+    # headless in an engine process of its own, exactly like the app's but with nobody drawing
+    worker = EngineWorker(LoadRequest(spec["model"], tuple(spec.get("ssms", ())), spec["quant"], spec["device"]))
+    await asyncio.to_thread(worker.wait_loaded)
+
+    def run_worker(prompt: str) -> Throughput:
+        conversation = Conversation()
+        conversation.add("user", prompt)
+        last = None
+        for last in worker.chat(conversation, settings):
+            pass
+        return Throughput(last.total_tokens, last.elapsed_s)
+
+    overrides = {"max_new_tokens": settings.max_new_tokens, "tree": tree_text(settings.tree_shape),
                  "temperature": 0.0, "speculate": settings.speculate}
     app = SpecTuiApp(overrides=overrides, **spec)  # loads its own engine process, as `spectui chat` does
-    headless = {n: [Throughput() for _ in range(rounds)] for n in thread_counts}
+    labels = {n: f"in this process, {n} thread{'s' if n > 1 else ''}" for n in thread_counts}
+    headless = {label: [Throughput() for _ in range(rounds)] for label in [*labels.values(), "engine process"]}
     in_app = [Throughput() for _ in range(rounds)]
     async with app.run_test(size=(140, 42)) as pilot:
         while app.engine is None:
@@ -99,17 +113,20 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
                 raise RuntimeError(f"the app could not load the models: {app.load_error}")
             await asyncio.sleep(0.1)
         await pilot.pause(0.2)
-        await app.send(prompts[0])  # warm-up of the engine process
+        await app.send(prompts[0])  # warm-up of both engine processes
         while app.generating:
             await asyncio.sleep(0.05)
+        await asyncio.to_thread(run_worker, prompts[0])
         for r in range(rounds):
             for i, prompt in enumerate(prompts):
                 for kind in (("headless", "app") if (r + i) % 2 == 0 else ("app", "headless")):
                     if kind == "headless":
-                        for n in thread_counts:
-                            done = await asyncio.to_thread(run_headless_threads, models, engine, prompt, settings, n)
-                            headless[n][r].tokens += done.tokens
-                            headless[n][r].seconds += done.seconds
+                        runs = {label: (run_headless_threads, models, engine, prompt, settings, n) for n, label in labels.items()}
+                        runs["engine process"] = (run_worker, prompt)
+                        for label, (fn, *args) in runs.items():
+                            done = await asyncio.to_thread(fn, *args)
+                            headless[label][r].tokens += done.tokens
+                            headless[label][r].seconds += done.seconds
                     else:
                         await app.action_new_conversation()
                         await app.send(prompt)
@@ -119,8 +136,9 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
                         in_app[r].tokens += last.total_tokens
                         in_app[r].seconds += last.elapsed_s
             if progress:
-                figures = ", ".join(f"{n} threads {headless[n][r].tokens_per_s:.1f}" for n in thread_counts)
+                figures = ", ".join(f"{label} {runs[r].tokens_per_s:.1f}" for label, runs in headless.items())
                 progress(f"round {r + 1}/{rounds}: headless {figures} tokens/s; app {in_app[r].tokens_per_s:.1f} tokens/s")
+    worker.close()
     return headless, in_app
 
 
@@ -133,15 +151,15 @@ def compare(models, engine, spec: dict, prompts: list[str], max_new_tokens: int,
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
     run_headless(models, engine, prompts[:1], GenerationSettings(max_new_tokens=8))  # warm-up
     headless, in_app = asyncio.run(run_session(models, engine, spec, prompts, settings, rounds, progress))
-    by_threads = {n: total(rounds_) for n, rounds_ in headless.items()}
-    best = max(by_threads, key=lambda n: by_threads[n].tokens_per_s)
-    h, a = by_threads[best].tokens_per_s, total(in_app).tokens_per_s
+    by_setup = {label: total(rounds_) for label, rounds_ in headless.items()}
+    best = max(by_setup, key=lambda label: by_setup[label].tokens_per_s)
+    h, a = by_setup[best].tokens_per_s, total(in_app).tokens_per_s
     return {
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
         "rounds": rounds,
-        "headless_tokens_per_s_by_threads": {str(n): round(t.tokens_per_s, 2) for n, t in by_threads.items()},
-        "headless_threads": best,
+        "headless_tokens_per_s_by_setup": {label: round(t.tokens_per_s, 2) for label, t in by_setup.items()},
+        "headless_best": best,
         "headless_tokens_per_s_by_round": [round(t.tokens_per_s, 2) for t in headless[best]],
         "app_tokens_per_s_by_round": [round(t.tokens_per_s, 2) for t in in_app],
         "headless_tokens_per_s": round(h, 2),

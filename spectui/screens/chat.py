@@ -1,11 +1,13 @@
 """ChatScreen: conversation and input on the left, token tree and acceptance on the right.
 
 The screen only draws; the app decides what happens. Every StepEvent, live or replayed, goes
-through `add_step`; drawing is throttled to ten times a second (`flush`), except in step mode
+through `add_step`; drawing is throttled under a CPU budget (`redraw_tick`), except in step mode
 where each step is drawn as it comes, so rendering never holds up the engine.
 """
 
 from __future__ import annotations
+
+import time
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -22,10 +24,16 @@ from ..widgets.prompt import PromptInput
 from ..widgets.status import StatusLine
 from ..widgets.token_tree import TokenTreeView
 
-# Seconds between redraws while streaming: the answer often, the tree and the chart less (each
-# redraw takes CPU the engine would use; see docs/tui.md, Performance).
+# Redraws while streaming are paced by the UI's own CPU use, because on a small machine every
+# millisecond of layout and drawing is taken from the engine (docs/tui.md, Performance). After a
+# redraw, the next one waits until the UI thread has used at most REDRAW_CPU_SHARE of a core since
+# the last one:  cpu_used <= share * elapsed,  never sooner than TEXT_FLUSH_S and never later than
+# MAX_WAIT_S. The tree and the chart are redrawn at most every PANEL_FLUSH_S.
+TICK_S = 0.1
 TEXT_FLUSH_S = 0.5
 PANEL_FLUSH_S = 1.0
+MAX_WAIT_S = 2.0
+REDRAW_CPU_SHARE = 0.04
 
 
 class ChatScreen(Screen):
@@ -68,8 +76,8 @@ class ChatScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#notice").display = False
-        self.set_interval(TEXT_FLUSH_S, self.flush_text)
-        self.set_interval(PANEL_FLUSH_S, self.flush_panels)
+        self.redrawn_at, self.redrawn_cpu, self.panels_at = time.monotonic(), time.thread_time(), 0.0
+        self.set_interval(TICK_S, self.redraw_tick)
         if not self.replay:
             self.query_one(PromptInput).focus()
 
@@ -105,6 +113,21 @@ class ChatScreen(Screen):
         if event.notice:
             self.notify(event.notice, severity="warning")
         self.dirty = self.panels_dirty = True
+
+    async def redraw_tick(self) -> None:
+        """Redraw what streamed in, within the UI's CPU budget (see REDRAW_CPU_SHARE)."""
+        now, cpu = time.monotonic(), time.thread_time()
+        if not (self.dirty or self.panels_dirty):
+            self.redrawn_at, self.redrawn_cpu = now, cpu  # idle: the budget starts afresh
+            return
+        elapsed = now - self.redrawn_at
+        if elapsed < TEXT_FLUSH_S or (cpu - self.redrawn_cpu > REDRAW_CPU_SHARE * elapsed and elapsed < MAX_WAIT_S):
+            return
+        await self.flush_text()
+        if now - self.panels_at >= PANEL_FLUSH_S:
+            self.flush_panels()
+            self.panels_at = now
+        self.redrawn_at, self.redrawn_cpu = now, cpu
 
     async def flush(self) -> None:
         """Draw everything now (step mode, replay, end of a turn)."""

@@ -7,6 +7,7 @@ import tomllib
 import pytest
 
 from spectui.config import Config, load_config, save_config
+from spectui.engine.settings import DEFAULT_TREE, tree_text
 
 
 def test_round_trip(tmp_path):
@@ -24,7 +25,7 @@ def test_round_trip(tmp_path):
 def test_missing_file_gives_defaults(tmp_path):
     config = load_config(tmp_path / "none.toml")
     assert config == Config()
-    assert config.settings().tree_shape == (2, 2, 1, 1)
+    assert config.settings().tree_shape == DEFAULT_TREE
 
 
 def test_unparsable_file_is_ignored_with_notice(tmp_path):
@@ -41,7 +42,7 @@ def test_wrong_types_and_bad_settings_fall_back(tmp_path):
     config = load_config(path)
     assert config.theme == "spectui-high-contrast"
     assert config.temperature == 0.0
-    assert config.tree == "2,2,1,1"
+    assert config.tree == tree_text()
     assert config.notice
 
 

@@ -1,0 +1,43 @@
+"""The boost-tuned SSMs shipped for the embedded default: in budget, loaded by the preset, lossless."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spectui.engine.chat import Conversation, chat
+from spectui.engine.loading import build_engine
+from spectui.engine.presets import BUNDLED, PRESETS
+from spectui.engine.settings import GenerationSettings
+
+SSMS = Path(__file__).resolve().parents[2] / "ssms"
+
+
+def test_shipped_ssms_fit_the_budget():
+    folders = [SSMS / s.removeprefix(BUNDLED) for s in PRESETS["smollm2-135m"].ssms]
+    assert len(folders) >= 2
+    total = 0
+    for folder in folders:
+        config = json.loads((folder / "config.json").read_text())
+        assert config["vocab_size"] == 49152 and config["tie_word_embeddings"] is True
+        total += sum(f.stat().st_size for f in folder.iterdir())
+    assert total <= 40 * 2**20  # together at most 40 MB in the repository
+    assert "spectui tune" in (SSMS / "README.md").read_text()  # how they were made
+
+
+def test_the_preset_loads_them_and_stays_lossless(embedded_models):
+    names = [name for name, _ in embedded_models.ssms]
+    assert names == [s.removeprefix(BUNDLED) for s in PRESETS["smollm2-135m"].ssms]
+    engine = build_engine(embedded_models)
+    assert engine.speculator_names == [*names, "ngram"]
+    for prompt in ("What is the capital of France?", "Give me three tips for staying focused."):
+        tokens = {}
+        for speculate in (True, False):
+            conversation = Conversation()
+            conversation.add("user", prompt)
+            events = list(chat(engine, embedded_models, conversation, GenerationSettings(max_new_tokens=40, speculate=speculate)))
+            tokens[speculate] = [t for e in events for t in e.new_tokens]
+            if speculate:
+                origins = {o for e in events for o in e.token_origins}
+                assert any(name in o for o in origins for name in names)  # the SSMs get tokens accepted
+        assert tokens[True] == tokens[False]
