@@ -261,6 +261,19 @@ def load_models(
     return LoadedModels(preset, verifier, tokenizer, ssms, device, quant, backend)
 
 
+def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", progress: Progress | None = None):
+    """--model and --ssm values -> (LoadedModels, SpeculativeEngine): what the CLI and the engine process load."""
+    from .presets import resolve_model, resolve_ssm
+
+    note = progress or (lambda stage, fraction=None: None)
+    preset = resolve_model(model)
+    extra = tuple(resolve_ssm(s) for s in ssms)
+    note(f"model {preset.name}: locating", None)
+    models = load_models(preset, extra, quant=quant, device=device, progress=progress)
+    note("building the speculation engine", None)
+    return models, build_engine(models)
+
+
 def build_engine(models: LoadedModels, ngram: bool | None = None):
     """The SpeculativeEngine for loaded models: one ModelDrafter per SSM, then the n-gram drafter."""
     from .drafters import ModelDrafter, NGramDrafter

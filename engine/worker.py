@@ -106,23 +106,16 @@ def _load(conn, request: LoadRequest):
 
     import torch
 
-    from .loading import build_engine, load_models, silence_library_noise
-    from .presets import resolve_model, resolve_ssm
+    from .loading import load_engine
 
     torch.set_num_threads(engine_threads(request.threads))
-    silence_library_noise()
 
     def progress(stage: str, fraction: float | None = None) -> None:
         conn.send(("progress", stage, fraction))
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        preset = resolve_model(request.model)
-        extra = tuple(resolve_ssm(s) for s in request.ssms)
-        progress(f"model {preset.name}: locating", None)
-        models = load_models(preset, extra, quant=request.quant, device=request.device, progress=progress)
-        progress("building the speculation engine", None)
-        return models, build_engine(models)
+        return load_engine(request.model, request.ssms, request.quant, request.device, progress)
 
 
 def _answer(conn, models, engine, system, turns, settings, stop, step_mode, advance) -> None:

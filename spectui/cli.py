@@ -66,13 +66,9 @@ DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda")
 
 
 def load(model: str, ssm: list[str] | None, quant: str, device: str):
-    from .engine.loading import build_engine, load_models
-    from .engine.presets import resolve_model, resolve_ssm
+    from .engine.loading import load_engine
 
-    preset = resolve_model(model)
-    extra = tuple(resolve_ssm(s) for s in ssm or [])
-    models = load_models(preset, extra, quant=quant, device=device)
-    return models, build_engine(models)
+    return load_engine(model, ssm or (), quant, device)
 
 
 def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge=DEFAULT_MERGE):
