@@ -4,7 +4,9 @@ Both the verifier and the model drafters use it. The cache holds the key/values 
 committed tokens; a tree forward appends the tree's nodes after that prefix, and `keep` then
 retains only chosen sequence positions (the accepted path), in order, in every layer:
 
-    keys[l] : [B, Hkv, S, D]  ->  keys[l].index_select(2, keep)  : [B, Hkv, len(keep), D]
+    keys[l] : [B, Hkv, S, D]  ->  keys[l][:, :, keep]  : [B, Hkv, len(keep), D]
+
+done in place by kv_cache.py (preallocated buffers: no copy of the prefix per step).
 
 Tree forward (SpecInfer's tree-based parallel decoding): one pass over all N nodes with
 position_ids = prefix_len + depth and a 4-D boolean mask [1, 1, N, prefix_len + N] in which a
@@ -15,8 +17,8 @@ node would get from a plain forward over its root-to-node chain.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
+from .kv_cache import keep_positions, new_cache
 from .tree import TokenTree
 
 
@@ -24,14 +26,14 @@ class CachedModel:
     def __init__(self, model) -> None:
         self.model = model
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        self.cache = new_cache(model.config)
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model.config)
 
     @torch.inference_mode()
     def forward_chain(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:
@@ -67,14 +69,10 @@ class CachedModel:
         )
         return out.logits[0].float()
 
+    @torch.inference_mode()
     def keep(self, positions: list[int]) -> None:
         """Keep only these sequence positions of the cache, in this order (all layers)."""
-        index = torch.tensor(positions, dtype=torch.long, device=self.device)
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
+        keep_positions(self.cache, positions, self.device)
 
     def crop(self, length: int) -> None:
         """Drop everything after the first `length` positions."""

@@ -83,7 +83,7 @@ def chat(
     )
     reply = []
     try:
-        for event in engine.generate(ids, settings, stop):
+        for event in engine.generate(ids, settings, stop, reuse=True):  # a turn prefills only what is new
             if event.step == 0:
                 event.notice = notice
             reply.append(event.new_text)

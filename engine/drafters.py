@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .acceptance_model import match_bin, prob_bin
 from .cached_model import CachedModel
 from .tree import TokenTree
 
@@ -27,10 +28,26 @@ class ModelDrafter:
         self.name = name
         self.runner = CachedModel(model)
         self.synced = 0  # committed tokens whose key/values sit in the SSM cache
+        self.ids: list[int] = []  # those tokens
 
     def reset(self) -> None:
         self.runner.reset()
         self.synced = 0
+        self.ids: list[int] = []  # the committed tokens in the SSM cache
+
+    def rewind(self, prompt_ids: list[int]) -> None:
+        """Keep the SSM cache's prefix shared with `prompt_ids` (a new chat turn); [] resets."""
+        kept = 0
+        for a, b in zip(self.ids, prompt_ids):
+            if a != b:
+                break
+            kept += 1
+        kept = min(kept, len(prompt_ids) - 1, self.runner.length)
+        if kept <= 0:
+            self.reset()
+            return
+        self.runner.crop(kept)
+        self.synced, self.ids = kept, self.ids[:kept]
 
     def draft(self, committed: list[int], tree: TokenTree, source: int, shape: tuple[int, ...]) -> None:
         """Add this SSM's top-k expansion below tree's root (= committed[-1])."""
@@ -38,7 +55,7 @@ class ModelDrafter:
         if self.synced > len(committed) or runner.length != self.synced:
             self.reset()
         root_logits = runner.forward_chain(committed[self.synced :], last_only=True)[-1]  # [V]
-        self.synced = len(committed)
+        self.synced, self.ids = len(committed), list(committed)
         own = TokenTree.with_root(committed[-1])
         frontier, logits = [0], root_logits[None]  # logits[i] belongs to frontier[i]
         for depth, width in enumerate(shape):
@@ -55,6 +72,46 @@ class ModelDrafter:
         runner.crop(self.synced)
         tree.merge(own)
 
+    # ------------------------------------------------------------- adaptive drafting (auto_tree.py)
+    def begin(self, committed: list[int], tree: TokenTree, source: int, width: int) -> list[int]:
+        """Catch the SSM cache up with `committed` and hang its top-`width` guesses under the root.
+
+        Returns the merged-tree ids of the new candidates. The SSM's own fed nodes are kept in
+        `self.own` (root first, then every node fed so far, in feeding order: its cache order).
+        """
+        runner = self.runner
+        if self.synced > len(committed) or runner.length != self.synced:
+            self.reset()
+        root_logits = runner.forward_chain(committed[self.synced :], last_only=True)  # [1, V]
+        self.synced, self.ids = len(committed), list(committed)
+        self.own = TokenTree.with_root(committed[-1])
+        self.own_of = {0: 0}  # merged-tree id -> own-tree id, for fed nodes
+        return self._hang(tree, source, [0], root_logits, width)
+
+    def expand(self, tree: TokenTree, source: int, frontier: list[int], width: int) -> list[int]:
+        """Feed merged-tree nodes `frontier` (candidates whose parents were fed) through the SSM in
+        one pass and hang each one's top-`width` children under it; returns the new candidates."""
+        own_ids = []
+        for node in frontier:
+            own_parent = self.own_of[tree.parents[node]]
+            own_id = self.own._append(tree.tokens[node], own_parent, self.own.depths[own_parent] + 1, 1, 1.0)
+            self.own_of[node] = own_id
+            own_ids.append(own_id)
+        logits = self.runner.forward_tree(self.own, own_ids)  # [F, V]
+        return self._hang(tree, source, frontier, logits, width)
+
+    def finish(self) -> None:
+        """Drop the drafted nodes from the SSM cache: it holds the committed tokens again."""
+        self.runner.crop(self.synced)
+
+    def _hang(self, tree: TokenTree, source: int, parents: list[int], logits: torch.Tensor, width: int) -> list[int]:
+        top = torch.topk(torch.softmax(logits, dim=-1), width, dim=-1)  # [F, width]
+        added = []
+        for row, parent in enumerate(parents):
+            for prob, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                added.append(tree.add(parent, token, source, prob, prob_bin(prob)))
+        return added
+
 
 class NGramDrafter:
     """Prompt lookup: reuse spans of the conversation that followed the current suffix."""
@@ -69,6 +126,9 @@ class NGramDrafter:
         self.depth, self.branches = depth, branches
 
     def reset(self) -> None:
+        pass
+
+    def rewind(self, prompt_ids: list[int]) -> None:
         pass
 
     def propose(self, committed: list[int]) -> list[list[int]]:
@@ -92,3 +152,38 @@ class NGramDrafter:
     def draft(self, committed: list[int], tree: TokenTree, source: int, shape: tuple[int, ...]) -> None:
         for chain in self.propose(committed):
             tree.add_path(chain, source)
+
+    def matches(self, committed: list[int], depth: int = 12, branches: int = 2, longest: int = 8) -> list[tuple[list[int], int]]:
+        """Adaptive drafting: up to `branches` distinct continuations (at most `depth` tokens) of
+        earlier occurrences of the newest token, with the length of the suffix they share with
+        the end of `committed` (at most `longest`; at least `min_ngram`); longest match first,
+        then the most recent. The match length is the continuation's confidence."""
+        n_total = len(committed)
+        if n_total < 2:
+            return []
+        reversed_ids = committed[::-1]  # reversed_ids[k] = committed[n_total - 1 - k]
+        found, k = [], 0
+        for _ in range(256):  # the 256 most recent occurrences are plenty, and bound the time
+            try:
+                k = reversed_ids.index(committed[-1], k + 1)  # an earlier occurrence, most recent first
+            except ValueError:
+                break
+            position = n_total - 1 - k
+            length = 1
+            while length < longest and position - length >= 0 and committed[position - length] == committed[n_total - 1 - length]:
+                length += 1
+            follow = committed[position + 1 : position + 1 + depth]
+            if length >= self.min_ngram and follow:
+                found.append((length, position, follow))
+        found.sort(key=lambda item: (-item[0], -item[1]))
+        out: list[tuple[list[int], int]] = []
+        for length, _, follow in found:
+            if all(follow[0] != chain[0] for chain, _ in out):
+                out.append((follow, length))
+                if len(out) == branches:
+                    break
+        return out
+
+    def draft_matches(self, committed: list[int], tree: TokenTree, source: int) -> None:
+        for chain, length in self.matches(committed):
+            tree.add_path(chain, source, conf_bin=match_bin(length))

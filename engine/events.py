@@ -50,6 +50,10 @@ class StepEvent:
     mean_accepted: float = 0.0  # committed tokens per verifier step (prefill excluded)
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0
+    # measured cost (speedup.py); None where not measured
+    step_ms: float = 0.0  # engine time of this step: drafting to event, consumer pauses excluded
+    incremental_ms: float | None = None  # the measured one-token step this step is compared with
+    speedup: float | None = None  # the answer so far vs incremental decoding, measured
     finished: bool = False
     stop_reason: str | None = None  # "eos" | "length" | "stopped" once finished
     notice: str | None = None  # e.g. history truncated to fit the context window
@@ -85,7 +89,7 @@ class RunInfo:
     system: str | None = None
     temperature: float = 0.0
     top_p: float = 1.0
-    tree_shape: list[int] = field(default_factory=list)
+    tree_shape: list[int] | str = field(default_factory=list)  # "auto" or the fixed expansion config
     max_new_tokens: int = 0
     merge: str = "union"  # how the speculators' trees were merged: union or vote
 

@@ -261,8 +261,14 @@ def load_models(
     return LoadedModels(preset, verifier, tokenizer, ssms, device, quant, backend)
 
 
-def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", progress: Progress | None = None):
-    """--model and --ssm values -> (LoadedModels, SpeculativeEngine): what the CLI and the engine process load."""
+def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", progress: Progress | None = None,
+                cost_cache: Path | None = None):
+    """--model and --ssm values -> (LoadedModels, SpeculativeEngine): what the CLI and the engine process load.
+
+    The engine's cost model (costs.py) is read from `cost_cache` or measured there (about a second).
+    """
+    from .calibrate import prepare_costs
+    from .costs import CostKey
     from .presets import resolve_model, resolve_ssm
 
     note = progress or (lambda stage, fraction=None: None)
@@ -271,7 +277,13 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
     note(f"model {preset.name}: locating", None)
     models = load_models(preset, extra, quant=quant, device=device, progress=progress)
     note("building the speculation engine", None)
-    return models, build_engine(models)
+    engine = build_engine(models)
+    if engine.drafters:
+        note("measuring step costs", None)
+        key = CostKey(model=f"{preset.name}:{preset.verifier}:{'+'.join(engine.speculator_names)}",
+                      quant=quant, device=models.device, threads=torch.get_num_threads())
+        prepare_costs(engine, cost_cache, key)
+    return models, engine
 
 
 def build_engine(models: LoadedModels, ngram: bool | None = None):

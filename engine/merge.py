@@ -75,27 +75,7 @@ def vote_tree(tree: TokenTree) -> TokenTree:
         for i, v in zip(candidates, votes):
             if v == best:
                 keep[i] = True
-    if all(keep):
-        return copy_tree(tree)
-    out = TokenTree()
-    new_id: dict[int, int] = {-1: -1}
-    for i in range(n):  # the original order already has parents before children
-        if keep[i]:
-            new_id[i] = len(out.tokens)
-            out.tokens.append(tree.tokens[i])
-            out.parents.append(new_id[parents[i]])
-            out.depths.append(depths[i])
-            out.sources.append(sources[i])
-            out.draft_probs.append(tree.draft_probs[i])
-            out.verifier_probs.append(tree.verifier_probs[i])
-    return out
-
-
-def copy_tree(tree: TokenTree) -> TokenTree:
-    return TokenTree(
-        list(tree.tokens), list(tree.parents), list(tree.depths), list(tree.sources),
-        list(tree.draft_probs), list(tree.verifier_probs),
-    )
+    return tree.select(keep)
 
 
 def apply_policy(union: TokenTree, policy: str) -> TokenTree:

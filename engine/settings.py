@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_TREE = (1, 1, 1)  # measured best for the embedded default with its shipped SSMs (docs/performance.md)
+AUTO = "auto"  # the tree chosen each step from measured costs and acceptance (auto_tree.py)
+DEFAULT_TREE = AUTO
+OLD_DEFAULT_TREES = ((1, 1, 1), (2, 2, 1, 1))  # earlier defaults: a config that saved one moves to auto
+FIXED_TREE_NODE_BUDGET = 256  # nodes one speculator's fixed expansion may add
 DEFAULT_MERGE = "union"
 
 
@@ -14,20 +17,20 @@ class GenerationSettings:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     seed: int | None = None
-    tree_shape: tuple[int, ...] = DEFAULT_TREE  # children per node at each depth (SpecInfer's expansion config)
+    tree_shape: tuple[int, ...] | str = DEFAULT_TREE  # "auto", or children per node at each depth (SpecInfer's expansion config)
     speculate: bool = True  # False: incremental decoding, one token per verifier step (--no-spec)
     merge: str = DEFAULT_MERGE
+    detail: bool = False  # fill the events' trees (token text, verifier probabilities): for display and traces
 
     def __post_init__(self) -> None:
-        self.tree_shape = tuple(self.tree_shape)
+        if self.tree_shape != AUTO:
+            self.tree_shape = check_shape(tuple(self.tree_shape), str(self.tree_shape))
         if self.max_new_tokens < 1:
             raise ValueError("--max-new-tokens must be at least 1")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also refuses NaN
             raise ValueError("--temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("--top-p must be in (0, 1]")
-        if not self.tree_shape or any(w < 1 for w in self.tree_shape) or len(self.tree_shape) > 16:
-            raise ValueError("--tree must be 1 to 16 positive widths, e.g. 2,2,1,1")
         if self.merge not in ("union", "vote"):
             raise ValueError("--merge must be union or vote")
 
@@ -35,18 +38,39 @@ class GenerationSettings:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def auto(self) -> bool:
+        return self.tree_shape == AUTO
 
-def parse_tree(text: str) -> tuple[int, ...]:
-    """'2,2,1,1' -> (2, 2, 1, 1); ValueError with the reason otherwise."""
-    try:
-        shape = tuple(int(part) for part in text.replace(" ", "").split(","))
-    except ValueError:
-        raise ValueError(f"--tree {text!r}: expected comma-separated positive integers, e.g. 2,2,1,1") from None
+
+def shape_nodes(shape: tuple[int, ...]) -> int:
+    """Nodes one speculator's expansion adds: w1 + w1*w2 + ... (root excluded)."""
+    total, level = 0, 1
+    for width in shape:
+        level *= width
+        total += level
+    return total
+
+
+def check_shape(shape: tuple[int, ...], text: str) -> tuple[int, ...]:
     if not shape or any(w < 1 for w in shape) or len(shape) > 16:
-        raise ValueError(f"--tree {text!r}: expected 1 to 16 positive integers, e.g. 2,2,1,1")
+        raise ValueError(f"--tree {text!r}: expected auto or 1 to 16 positive integers, e.g. 2,2,1,1")
+    if shape_nodes(shape) > FIXED_TREE_NODE_BUDGET:
+        raise ValueError(f"--tree {text!r}: {shape_nodes(shape)} nodes per speculator, more than the limit of {FIXED_TREE_NODE_BUDGET}")
     return shape
 
 
-def tree_text(shape: tuple[int, ...] = DEFAULT_TREE) -> str:
-    """(2, 2, 1, 1) -> '2,2,1,1', the --tree spelling."""
-    return ",".join(map(str, shape))
+def parse_tree(text: str) -> tuple[int, ...] | str:
+    """'auto' -> 'auto'; '2,2,1,1' -> (2, 2, 1, 1); ValueError with the reason otherwise."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        shape = tuple(int(part) for part in text.replace(" ", "").split(","))
+    except ValueError:
+        raise ValueError(f"--tree {text!r}: expected auto or comma-separated positive integers, e.g. 2,2,1,1") from None
+    return check_shape(shape, text)
+
+
+def tree_text(shape: tuple[int, ...] | str = DEFAULT_TREE) -> str:
+    """(2, 2, 1, 1) -> '2,2,1,1', the --tree spelling; 'auto' stays."""
+    return AUTO if shape == AUTO else ",".join(map(str, shape))

@@ -2,8 +2,10 @@
 
 One step (one verifier forward pass):
 
-    draft_tree      every speculator adds its branches below the root; the trees merge by
-                    settings.merge: union (all of them) or vote (per depth, the best-agreed; merge.py)
+    draft_tree      a fixed expansion config: every speculator adds its branches below the root,
+                    merged by settings.merge (union or vote; merge.py). `--tree auto`: the tree
+                    with the best expected tokens per ms under the measured cost model and the
+                    online acceptance model (auto_tree.py), possibly the root alone
     score_tree      the verifier scores all N nodes at once over its KV cache   logits [N, V]
     accept_branch   greedy or MSS picks the accepted branch and the bonus token
     commit_branch   the verifier cache keeps prefix + root + accepted nodes, in order
@@ -12,6 +14,11 @@ One step (one verifier forward pass):
 Cache invariant: the verifier cache holds every committed token except the newest one, which
 is the root of the next tree. The prefill computes the first token (step 0), so incremental
 decoding (no speculators: the tree is the root alone) is the same loop, one token per step.
+
+Honest speed-up (speedup.py): every step's engine time is measured (pauses of the consumer
+excluded); speculative steps are compared with real one-token steps without drafting ("pure"
+steps) timed in this process at a similar prefix. When none is recent enough, the engine takes a
+pure step itself (a calibration step: lossless, it is an incremental step).
 """
 
 from __future__ import annotations
@@ -23,11 +30,15 @@ from typing import Iterator
 
 import torch
 
+from .acceptance_model import AcceptanceModel
 from .accept import accept_greedy, accept_stochastic, sample_token, target_probs
+from .auto_tree import AutoDrafting
 from .cached_model import CachedModel
+from .costs import CostModel
 from .events import BONUS_SOURCE, StepEvent, TreeNode
 from .merge import apply_policy
 from .settings import GenerationSettings
+from .speedup import PureSteps, SpeedupMeter
 from .text import IncrementalDecoder
 from .tree import TokenTree
 
@@ -39,6 +50,8 @@ class StepResult:
     bonus: int
     draft_ms: float
     verify_ms: float
+    pure: bool = False  # a one-token step that drafted nothing: an incremental step
+    ran: list[str] = field(default_factory=list)  # SSMs that drafted (auto)
 
 
 @dataclass
@@ -49,15 +62,21 @@ class RunningStats:
     step_tokens: int = 0  # committed by speculation steps
     drafted: int = 0
     accepted: int = 0
+    meter: SpeedupMeter = field(default_factory=SpeedupMeter)
+    engine_ms: float = 0.0  # the engine's own time: prefill and steps, the consumer's pauses excluded
 
     def fill(self, event: StepEvent) -> StepEvent:
-        elapsed = time.perf_counter() - self.started
         event.total_tokens = self.tokens
         event.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
         event.mean_accepted = self.step_tokens / self.steps if self.steps else 0.0
-        event.elapsed_s = elapsed
-        event.tokens_per_s = self.tokens / elapsed if elapsed > 0 else 0.0
+        event.elapsed_s = time.perf_counter() - self.started
         return event
+
+    def time(self, event: StepEvent, start: float) -> None:
+        """The step's engine time (drafting to event) and the tokens/s of engine time so far."""
+        event.step_ms = (time.perf_counter() - start) * 1000
+        self.engine_ms += event.step_ms
+        event.tokens_per_s = self.tokens / self.engine_ms * 1000 if self.engine_ms > 0 else 0.0
 
 
 class SpeculativeEngine:
@@ -67,43 +86,93 @@ class SpeculativeEngine:
         self.drafters = list(drafters)
         self.stop_token_ids = set(stop_token_ids)
         self.attention_backend = attention_backend
+        self.cost_model: CostModel | None = None  # set by calibrate.prepare_costs, or measured at first auto use
+        self.acceptance_model = AcceptanceModel(kinds={d.name: d.kind for d in self.drafters})
+        self.pure_steps = PureSteps()
+        self.auto: AutoDrafting | None = None
+        self.cached_ids: list[int] = []  # the tokens whose key/values the verifier cache holds after an answer
+        self.prefilled = 0  # prompt tokens the last answer's prefill computed (the rest were reused)
 
     @property
     def speculator_names(self) -> list[str]:
         return [d.name for d in self.drafters]
 
+    def auto_drafting(self) -> AutoDrafting:
+        if self.cost_model is None:
+            from .calibrate import measure_costs
+
+            self.cost_model = measure_costs(self)
+        if self.auto is None or self.auto.costs is not self.cost_model:
+            self.auto = AutoDrafting(self.cost_model, self.acceptance_model)
+        return self.auto
+
     def generate(
-        self, prompt_ids: list[int], settings: GenerationSettings, stop: threading.Event | None = None
+        self, prompt_ids: list[int], settings: GenerationSettings, stop: threading.Event | None = None,
+        reuse: bool = False,
     ) -> Iterator[StepEvent]:
-        """Yield one StepEvent per verifier step until end of turn, max_new_tokens or `stop`."""
+        """Yield one StepEvent per verifier step until end of turn, max_new_tokens or `stop`.
+
+        reuse: keep the key/values of the longest prefix this prompt shares with the previous
+        answer's tokens (the conversation so far), so a chat turn prefills only what is new.
+        """
         generator = torch.Generator().manual_seed(settings.seed if settings.seed is not None else 0)
         if settings.seed is None:
             generator.seed()
         drafters = self.drafters if settings.speculate else []
-        self.verifier.reset()
+        if drafters and settings.auto:
+            self.auto_drafting()
+        committed = list(prompt_ids)
+        start = time.perf_counter()
+        kept = self.rewind(committed if reuse else [])
         for drafter in drafters:
-            drafter.reset()
+            drafter.rewind(committed if reuse else [])
+        self.cached_ids = []  # until this answer finishes, the cache holds nothing reusable
         stats = RunningStats()
         decoder = IncrementalDecoder(self.tokenizer)
-        committed = list(prompt_ids)
 
-        start = time.perf_counter()
-        logits = self.verifier.forward_chain(committed, last_only=True)  # [1, V]
+        self.prefilled = len(committed) - kept
+        logits = self.verifier.forward_chain(committed[kept:], last_only=True)  # [1, V]
         first = self.pick_token(logits, settings, generator)
-        result = StepResult(TokenTree(), [], first, 0.0, (time.perf_counter() - start) * 1000)
+        result = StepResult(TokenTree.with_root(committed[-1]), [], first, 0.0, (time.perf_counter() - start) * 1000)
         step = 0
         while True:
             event, committed_now = self.build_event(step, result, committed, settings, stats, decoder)
+            stats.time(event, start)
+            if step > 0:
+                self.measure_speedup(event, result, len(committed), stats)
             committed += committed_now
             if event.finished:  # a cut at end of turn or max_new_tokens: keep the invariant anyway
                 self.verifier.crop(len(committed) - 1)
             if not event.finished and stop is not None and stop.is_set():
                 event.finished, event.stop_reason = True, "stopped"
+            if event.finished:
+                self.cached_ids = committed[:-1]  # the cache invariant: all but the newest token
             yield event
             if event.finished:
                 return
             step += 1
+            start = time.perf_counter()
             result = self.speculate_step(committed, drafters, settings, generator)
+
+    def rewind(self, prompt_ids: list[int]) -> int:
+        """Crop the verifier cache to the prefix it shares with `prompt_ids` (at most all but the
+        last prompt token, whose logits the prefill must compute); returns the kept length."""
+        kept = min(common_prefix(self.cached_ids, prompt_ids), len(prompt_ids) - 1) if prompt_ids else 0
+        if kept > 0:
+            self.verifier.crop(kept)
+        else:
+            self.verifier.reset()
+        return max(kept, 0)
+
+    def measure_speedup(self, event: StepEvent, result: StepResult, prefix_len: int, stats: RunningStats) -> None:
+        """The answer's speed-up over incremental decoding so far, from timed steps (speedup.py)."""
+        reference = self.pure_steps.reference_ms(prefix_len)
+        stats.meter.add(len(event.new_tokens), event.step_ms, result.pure, reference)
+        self.pure_steps.record(prefix_len, event.step_ms, result.pure)
+        if self.auto is not None:
+            self.auto.observe_rate(len(event.new_tokens), event.step_ms)
+        event.incremental_ms = event.step_ms if result.pure else reference
+        event.speedup = stats.meter.speedup
 
     def pick_token(self, logits: torch.Tensor, settings: GenerationSettings, generator) -> int:
         if settings.greedy:
@@ -112,13 +181,28 @@ class SpeculativeEngine:
 
     def speculate_step(self, committed: list[int], drafters, settings, generator) -> StepResult:
         t0 = time.perf_counter()
-        tree = self.draft_tree(committed, drafters, settings)
+        ran: list[str] = []
+        pure = not drafters or self.pure_steps.needs_calibration(len(committed))
+        if pure:
+            tree = TokenTree.with_root(committed[-1])  # a one-token step that drafts nothing
+        elif settings.auto:
+            tree, ran, _ = self.auto.draft(committed, drafters, settings.merge)
+        else:
+            tree = self.draft_tree(committed, drafters, settings)
         t1 = time.perf_counter()
         logits = self.score_tree(tree)  # [N, V]
         accepted, bonus = self.accept_branch(tree, logits, settings, generator)
         self.commit_branch(tree, accepted)
         t2 = time.perf_counter()
-        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000)
+        if self.cost_model is not None:
+            self.cost_model.observe_verify(len(tree), (t2 - t1) * 1000)
+        if len(tree) > 1 or ran:
+            self.learn(tree, accepted, ran)
+        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran)
+
+    def learn(self, tree: TokenTree, accepted: list[int], ran: list[str]) -> None:
+        if self.auto is not None:
+            self.auto.observe(tree, accepted, self.speculator_names, ran)
 
     def draft_tree(self, committed: list[int], drafters, settings) -> TokenTree:
         # Drafting every speculator into one tree is their union: TokenTree.add merges equal
@@ -134,16 +218,18 @@ class SpeculativeEngine:
         return self.verifier.forward_tree(tree)
 
     def accept_branch(self, tree: TokenTree, logits, settings, generator) -> tuple[list[int], int]:
+        probs = None
         if settings.greedy:
             accepted, bonus = accept_greedy(tree, logits)
-            probs = torch.softmax(logits, dim=-1)  # for display only
+            if settings.detail and len(tree) > 1:
+                probs = torch.softmax(logits, dim=-1)  # for display only
         else:
             probs = target_probs(logits, settings.temperature, settings.top_p)
             accepted, bonus = accept_stochastic(tree, probs, generator)
-        for i in range(1, len(tree)):
-            tree.verifier_probs[i] = float(probs[tree.parents[i], tree.tokens[i]])
+        if settings.detail and probs is not None:
+            for i in range(1, len(tree)):
+                tree.verifier_probs[i] = float(probs[tree.parents[i], tree.tokens[i]])
         return accepted, bonus
-
     def commit_branch(self, tree: TokenTree, accepted: list[int]) -> None:
         prefix = self.verifier.length - len(tree)
         self.verifier.keep(list(range(prefix)) + [prefix + i for i in [0, *accepted]])
@@ -174,7 +260,7 @@ class SpeculativeEngine:
         text_tokens = [t for t in tokens if t not in self.stop_token_ids]
         event = StepEvent(
             step=step,
-            tree=self.describe_tree(tree),
+            tree=self.describe_tree(tree) if settings.detail and len(tree) > 1 else [],
             accepted=accepted_ids,
             bonus_token=result.bonus if bonus_used else None,
             bonus_text=self.token_text(result.bonus) if bonus_used else "",
@@ -214,3 +300,12 @@ class SpeculativeEngine:
             )
             for i in range(len(tree))
         ]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

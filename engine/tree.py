@@ -26,6 +26,7 @@ class TokenTree:
     sources: list[int] = field(default_factory=list)  # [N] bitmask of proposing speculators
     draft_probs: list[float] = field(default_factory=list)  # [N] max draft prob over sources
     verifier_probs: list[float | None] = field(default_factory=list)  # [N] filled by verification
+    evidence: list[dict[int, int]] = field(default_factory=list)  # [N] source -> confidence bin (acceptance_model.py)
 
     @classmethod
     def with_root(cls, token: int) -> "TokenTree":
@@ -40,13 +41,14 @@ class TokenTree:
     def max_depth(self) -> int:
         return max(self.depths)
 
-    def _append(self, token: int, parent: int, depth: int, source_mask: int, prob: float) -> int:
+    def _append(self, token: int, parent: int, depth: int, source_mask: int, prob: float, evidence=None) -> int:
         self.tokens.append(int(token))
         self.parents.append(parent)
         self.depths.append(depth)
         self.sources.append(source_mask)
         self.draft_probs.append(float(prob))
         self.verifier_probs.append(None)
+        self.evidence.append(dict(evidence or {}))
         return len(self.tokens) - 1
 
     def children(self, node: int) -> list[int]:
@@ -58,21 +60,26 @@ class TokenTree:
                 return i
         return None
 
-    def add(self, parent: int, token: int, source: int, prob: float) -> int:
-        """Hang `token` under `parent` for speculator number `source`; merge with an equal sibling."""
+    def add(self, parent: int, token: int, source: int, prob: float, conf_bin: int | None = None) -> int:
+        """Hang `token` under `parent` for speculator number `source`; merge with an equal sibling.
+
+        `conf_bin` is the speculator's confidence bin for this node (acceptance_model.py), if any.
+        """
         bit = 1 << source
         existing = self.child_with_token(parent, token)
         if existing is not None:
             self.sources[existing] |= bit
             self.draft_probs[existing] = max(self.draft_probs[existing], float(prob))
+            if conf_bin is not None:
+                self.evidence[existing][source] = max(conf_bin, self.evidence[existing].get(source, conf_bin))
             return existing
-        return self._append(token, parent, self.depths[parent] + 1, bit, prob)
+        return self._append(token, parent, self.depths[parent] + 1, bit, prob, None if conf_bin is None else {source: conf_bin})
 
-    def add_path(self, tokens: list[int], source: int, probs: list[float] | None = None) -> list[int]:
+    def add_path(self, tokens: list[int], source: int, probs: list[float] | None = None, conf_bin: int | None = None) -> list[int]:
         """Add a chain of tokens below the root; returns the node ids along it."""
         node, ids = 0, []
         for k, token in enumerate(tokens):
-            node = self.add(node, token, source, probs[k] if probs else 1.0)
+            node = self.add(node, token, source, probs[k] if probs else 1.0, conf_bin)
             ids.append(node)
         return ids
 
@@ -85,11 +92,29 @@ class TokenTree:
             parent = mapping[other.parents[i]]
             existing = self.child_with_token(parent, other.tokens[i])
             if existing is None:
-                mapping[i] = self._append(other.tokens[i], parent, self.depths[parent] + 1, other.sources[i], other.draft_probs[i])
+                mapping[i] = self._append(other.tokens[i], parent, self.depths[parent] + 1, other.sources[i],
+                                          other.draft_probs[i], other.evidence[i])
             else:
                 self.sources[existing] |= other.sources[i]
                 self.draft_probs[existing] = max(self.draft_probs[existing], other.draft_probs[i])
+                self.evidence[existing].update(other.evidence[i])
                 mapping[i] = existing
+
+    def select(self, keep: list[bool]) -> "TokenTree":
+        """A new compact tree of the kept nodes (each kept node's parent must be kept), order preserved."""
+        out = TokenTree()
+        new_id: dict[int, int] = {-1: -1}
+        for i in range(len(self)):  # parents come before children
+            if keep[i]:
+                new_id[i] = len(out.tokens)
+                out.tokens.append(self.tokens[i])
+                out.parents.append(new_id[self.parents[i]])
+                out.depths.append(self.depths[i])
+                out.sources.append(self.sources[i])
+                out.draft_probs.append(self.draft_probs[i])
+                out.verifier_probs.append(self.verifier_probs[i])
+                out.evidence.append(dict(self.evidence[i]))
+        return out
 
     def path_to(self, node: int) -> list[int]:
         """Node ids from the root's first child down to `node` (root excluded)."""

@@ -42,6 +42,7 @@ class LoadRequest:
     device: str = "auto"
     threads: int | None = None  # torch threads in the child; None: one core fewer than the machine has
     log_file: str | None = None  # where the child's stdout and stderr go (None: discarded)
+    cost_cache: str | None = None  # folder of measured cost models (None: measure at every start)
 
 
 @dataclass
@@ -115,7 +116,8 @@ def _load(conn, request: LoadRequest):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load_engine(request.model, request.ssms, request.quant, request.device, progress)
+        return load_engine(request.model, request.ssms, request.quant, request.device, progress,
+                           Path(request.cost_cache) if request.cost_cache else None)
 
 
 def _answer(conn, models, engine, system, turns, settings, stop, step_mode, advance) -> None:

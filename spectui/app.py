@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
@@ -129,7 +130,8 @@ class SpecTuiApp(App):
             self.post_message(LoadProgress(stage, fraction))
 
         progress("starting the engine process", None)
-        request = LoadRequest(self.model_spec, self.ssm_specs, self.quant, self.device_spec, log_file=str(default_log_file()))
+        request = LoadRequest(self.model_spec, self.ssm_specs, self.quant, self.device_spec, log_file=str(default_log_file()),
+                              cost_cache=str(paths.cache_dir() / "costs"))
         worker = EngineWorker(request)
         try:
             info = worker.wait_loaded(progress)
@@ -240,7 +242,7 @@ class SpecTuiApp(App):
             self.notify(f"cannot answer yet: {reason}", severity="error")
             return
         try:
-            settings = self.config.settings(self.seed)
+            settings = replace(self.config.settings(self.seed), detail=True)  # the app shows the tree
         except ValueError as exc:
             self.notify(str(exc), severity="error")
             return
@@ -280,7 +282,7 @@ class SpecTuiApp(App):
                         model=info.model, ssms=self.turn_ssms, device=info.device, quant=info.quant,
                         attention_backend=info.attention_backend, prompt=text, system=self.record.system,
                         temperature=settings.temperature, top_p=settings.top_p,
-                        tree_shape=list(settings.tree_shape), max_new_tokens=settings.max_new_tokens,
+                        tree_shape=settings.tree_shape if settings.auto else list(settings.tree_shape), max_new_tokens=settings.max_new_tokens,
                         merge=settings.merge,
                     )
                     events = write_trace(stack.enter_context(open(self.trace, "a", encoding="utf-8")), run, events)

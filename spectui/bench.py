@@ -1,55 +1,114 @@
 """`spectui bench`: every decoding method on the same prompts, greedy, in one process.
 
-Methods (same verifier, same prompts, same max new tokens):
-    incremental   ours, one token per verifier step (the baseline, --no-spec)
-    hf-generate   transformers' generate(do_sample=False)
-    hf-assisted   transformers' assisted generation with the preset's best single SSM
-                  (the one with most parameters), or prompt lookup where it has none
-    speculative   ours, tree speculation, once per merge policy (--merge union|vote|both):
-                  method "speculative" merges by union, "speculative-vote" by vote (engine/merge.py)
-Prompts run one after another, every method on each prompt in turn, after one warm-up. Speed-ups
-are medians of per-prompt tokens/s ratios, per speculative row: against the faster of incremental
-and hf-generate, and against hf-assisted. Each row's outputs are compared with incremental's and
-hf-generate's. The report's top-level speculative figures are those of the first policy run
-(union unless only vote ran); `by_merge` has them for every policy.
+It is built to prove or disprove "adaptive speculation is never slower than incremental
+decoding, and faster where drafts agree" (the report and its ratios: bench_report.py).
+
+Methods (same verifier, same prompts, same max new tokens; ids as in the JSON report):
+    incremental        ours, one token per verifier step (settings.speculate=False, --no-spec)
+    hf-generate        transformers' generate(do_sample=False)
+    hf-prompt-lookup   transformers' generate with prompt_lookup_num_tokens=10
+    hf-assisted        transformers' assisted generation, assistant_model = the biggest SSM of the
+                       preset (most parameters; only when there is one), with its dynamic draft
+                       length switched on as far as transformers 5 allows: on the assistant's
+                       generation_config, num_assistant_tokens_schedule="heuristic" (+2 draft
+                       tokens after a fully accepted draft, -1 otherwise; carried over between
+                       calls) and assistant_confidence_threshold=0.4 (a draft stops early below
+                       that assistant probability; transformers re-fits the threshold online only
+                       when scikit-learn is installed)
+    speculative-fixed  ours, the fixed tree (1,1,1): the default before the adaptive tree
+    speculative        ours, the --tree value (default: the engine's default, "auto"), union merge
+    speculative-vote   the same tree merged by vote, when --merge is vote or both
+
+Protocol, so that noise hits every method alike:
+    - torch runs every method with the same thread count (all cores unless --threads);
+    - one warm-up call of each method first (allocation, lazy initialisation, cost measurement);
+    - per prompt the methods run back to back, the order rotated: prompt k starts at method
+      k mod n (`rotation`), so no method always runs first or right after another;
+    - a prompt where `speculative` comes out under 0.95x incremental is measured again, the pair
+      back to back and rotated, 3 times in all, and the median ratio counts (`reruns_needed`).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
+import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from .bench_report import DEFAULT_SPEC, INCREMENTAL, PromptResult, Run, format_table, summarise  # noqa: F401
 from .engine.chat import encode_chat
-from .engine.settings import GenerationSettings
+from .engine.settings import DEFAULT_TREE, GenerationSettings, tree_text
 
-BASELINES = ("incremental", "hf-generate", "hf-assisted")
 MERGE_CHOICES = ("union", "vote", "both")
-SPEC_METHODS = {"union": "speculative", "vote": "speculative-vote"}  # merge policy -> method id
-METHODS = (*BASELINES, "speculative")  # the methods with the default engine settings
+FIXED_TREE = (1, 1, 1)  # the speculative-fixed row: the default tree before `auto`
+PROMPT_LOOKUP_TOKENS = 10  # hf-prompt-lookup's candidate length
+ASSISTANT_SCHEDULE = "heuristic"  # hf-assisted: transformers' dynamic number of draft tokens
+ASSISTANT_CONFIDENCE = 0.4  # hf-assisted: stop a draft below this assistant probability
+RERUN_BELOW = 0.95  # a `speculative` ratio under this re-measures the prompt ...
+RERUN_TOTAL = 3  # ... until it has this many ratios; their median counts
 
 
 def merge_policies(choice: str) -> tuple[str, ...]:
-    """--merge union|vote|both -> the policies the bench runs speculative decoding with."""
+    """--merge union|vote|both -> the merge policies the speculative rows use."""
     if choice not in MERGE_CHOICES:
         raise ValueError(f"--merge must be union, vote or both, not {choice!r}")
     return ("union", "vote") if choice == "both" else (choice,)
 
 
-def method_label(name: str, merge: str | None) -> str:
-    return f"speculative ({merge})" if merge else name
+def bench_methods(has_assistant: bool, policies: tuple[str, ...]) -> tuple[str, ...]:
+    """The method ids in report order: baselines, then ours with speculation."""
+    methods = [INCREMENTAL, "hf-generate", "hf-prompt-lookup"]
+    methods += ["hf-assisted"] if has_assistant else []
+    methods += ["speculative-fixed", DEFAULT_SPEC]
+    methods += ["speculative-vote"] if "vote" in policies else []
+    return tuple(methods)
+
+
+def rotation(methods: tuple[str, ...], k: int) -> tuple[str, ...]:
+    """The order prompt k runs the methods in: starting at method k mod n, wrapping around."""
+    start = k % len(methods)
+    return (*methods[start:], *methods[:start])
+
+
+def reruns_needed(first_ratio: float | None) -> int:
+    """Extra rounds for a prompt whose first `speculative` / incremental ratio is `first_ratio`.
+
+    Under RERUN_BELOW the prompt is measured RERUN_TOTAL times in all, whatever the later rounds
+    give (stopping at the first good one would bias the median upwards).
+    """
+    return RERUN_TOTAL - 1 if first_ratio is not None and first_ratio < RERUN_BELOW else 0
+
+
+def set_threads(threads: int | None) -> int:
+    """torch's intra-op thread count for every method: `threads`, or all cores; returns it."""
+    count = threads or os.cpu_count() or 1
+    torch.set_num_threads(count)
+    return count
 
 
 class PromptFileError(ValueError):
     pass
 
 
-def read_prompts(path: Path, limit: int | None) -> list[str]:
-    """JSONL with `turns` (first turn used) or a text file with one prompt per line."""
+class Prompt(str):
+    """A prompt's text (it is the str, so callers wanting text need nothing else) and its category."""
+
+    category: str | None
+
+    def __new__(cls, text: str, category: str | None = None):
+        self = super().__new__(cls, text)
+        self.category = category
+        return self
+
+
+def read_prompts(path: Path, limit: int | None, per_category: int | None = None) -> list[Prompt]:
+    """JSONL with `turns` (first turn used) and optional `category`, or one prompt per line (no category).
+
+    per_category: keep the first N prompts of each category (file order kept), then `limit` applies.
+    """
     try:
         lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as exc:
@@ -58,182 +117,135 @@ def read_prompts(path: Path, limit: int | None) -> list[str]:
     for number, line in enumerate(lines, 1):
         if line.startswith("{"):
             try:
-                prompts.append(json.loads(line)["turns"][0])
-            except (ValueError, KeyError, IndexError, TypeError):
+                record = json.loads(line)
+                category = record.get("category")
+                prompts.append(Prompt(str(record["turns"][0]), None if category is None else str(category)))
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 raise PromptFileError(f"{path}, line {number}: expected a JSON object with a 'turns' list") from None
         else:
-            prompts.append(line)
+            prompts.append(Prompt(line))
     if not prompts:
         raise PromptFileError(f"{path} holds no prompts")
+    if per_category:
+        seen: dict[str | None, int] = {}
+        kept = []
+        for prompt in prompts:
+            seen[prompt.category] = seen.get(prompt.category, 0) + 1
+            if seen[prompt.category] <= per_category:
+                kept.append(prompt)
+        prompts = kept
     return prompts[:limit] if limit else prompts
 
 
-@dataclass
-class Run:
-    tokens: list[int]
-    seconds: float
-    steps: int = 0
-    drafted: int = 0  # tree nodes proposed over all steps (root excluded)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class MethodRuns:
-    runs: list[Run] = field(default_factory=list)
-
-    def summary(self, with_steps: bool, with_trees: bool = False) -> dict:
-        tokens = sum(len(r.tokens) for r in self.runs)
-        seconds = sum(r.seconds for r in self.runs)
-        out = {"tokens_per_s": tokens / seconds if seconds else 0.0, "new_tokens": tokens}
-        if with_steps:
-            steps = sum(r.steps for r in self.runs)
-            out["mean_accepted"] = tokens / steps if steps else 0.0
-        if with_trees:  # drafted tree nodes per speculation step (the prefill drafts nothing)
-            spec_steps = sum(r.steps - 1 for r in self.runs)
-            out["mean_drafted"] = sum(r.drafted for r in self.runs) / spec_steps if spec_steps else 0.0
-        return out
-
-
 class Bench:
-    def __init__(self, models, engine, max_new_tokens: int):
+    """Runs one method on one prompt and times it."""
+
+    def __init__(self, models, engine, max_new_tokens: int, tree=DEFAULT_TREE):
         self.models, self.engine = models, engine
-        self.settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+        base = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+        self.settings = {  # our methods' settings; detail stays off (no tree text per event)
+            INCREMENTAL: replace(base, speculate=False),
+            "speculative-fixed": replace(base, tree_shape=FIXED_TREE, merge="union"),
+            DEFAULT_SPEC: replace(base, tree_shape=tree, merge="union"),
+            "speculative-vote": replace(base, tree_shape=tree, merge="vote"),
+        }
+        self.max_new_tokens = max_new_tokens
         self.stop_ids = models.stop_token_ids()
-        self.assistant = max((m for _, m in models.ssms), key=lambda m: m.num_parameters(), default=None)
+        named = max(models.ssms, key=lambda pair: pair[1].num_parameters(), default=None)
+        self.assistant_name, self.assistant = named if named else (None, None)
+        if self.assistant is not None:  # transformers reads these from the assistant's own config
+            self.assistant.generation_config.num_assistant_tokens_schedule = ASSISTANT_SCHEDULE
+            self.assistant.generation_config.assistant_confidence_threshold = ASSISTANT_CONFIDENCE
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        return encode_chat(self.models.tokenizer, [{"role": "user", "content": prompt}], self.models.chat_template)
+        return encode_chat(self.models.tokenizer, [{"role": "user", "content": str(prompt)}], self.models.chat_template)
 
-    def run_engine(self, ids: list[int], speculate: bool, merge: str = "union") -> Run:
-        settings = replace(self.settings, speculate=speculate, merge=merge)
-        start, tokens, steps, drafted = time.perf_counter(), [], 0, 0
-        for event in self.engine.generate(ids, settings):
+    def run_engine(self, ids: list[int], settings: GenerationSettings) -> Run:
+        tokens, steps, drafted, ttft = [], 0, 0, None
+        start = time.perf_counter()
+        for event in self.engine.generate(ids, settings):  # one event per verifier step, step 0 the prefill
+            if ttft is None:
+                ttft = time.perf_counter() - start
             tokens += event.new_tokens
-            steps += event.step > 0
+            steps += 1
             drafted += event.drafted
-        return Run(tokens, time.perf_counter() - start, steps + 1, drafted)  # the prefill is a verifier step too
+        return Run(tokens, time.perf_counter() - start, steps, drafted, ttft)
 
     @torch.inference_mode()
-    def run_hf(self, ids: list[int], assisted: bool) -> Run:
-        inputs = torch.tensor([ids], device=self.models.verifier.device)
-        kwargs = dict(max_new_tokens=self.settings.max_new_tokens, do_sample=False, eos_token_id=self.stop_ids)
+    def run_hf(self, ids: list[int], method: str) -> Run:
+        inputs = torch.tensor([ids], device=self.models.verifier.device)  # [1, prompt tokens]
+        kwargs = dict(max_new_tokens=self.max_new_tokens, do_sample=False, eos_token_id=self.stop_ids)
         kwargs["pad_token_id"] = self.stop_ids[0] if self.stop_ids else None
-        if assisted and self.assistant is not None:
+        if method == "hf-prompt-lookup":
+            kwargs["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
+        elif method == "hf-assisted":
             kwargs["assistant_model"] = self.assistant
-        elif assisted:
-            kwargs["prompt_lookup_num_tokens"] = 10
         start = time.perf_counter()
-        out = self.models.verifier.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
+        out = self.models.verifier.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)  # [1, all tokens]
         return Run(out[0, len(ids) :].tolist(), time.perf_counter() - start)
 
     def run(self, method: str, ids: list[int]) -> Run:
-        if method == "incremental":
-            return self.run_engine(ids, speculate=False)
-        for merge, name in SPEC_METHODS.items():
-            if method == name:
-                return self.run_engine(ids, speculate=True, merge=merge)
-        return self.run_hf(ids, assisted=method == "hf-assisted")
+        if method in self.settings:
+            return self.run_engine(ids, self.settings[method])
+        return self.run_hf(ids, method)
 
 
-def run_bench(models, engine, prompts: list[str], max_new_tokens: int, progress=None, merge: str = "union") -> dict:
-    """`merge`: union, vote or both (speculative decoding runs once per policy)."""
-    policies = merge_policies(merge)
-    methods = (*BASELINES, *(SPEC_METHODS[p] for p in policies))
-    bench = Bench(models, engine, max_new_tokens)
-    results = {m: MethodRuns() for m in methods}
-    warm = bench.prompt_ids("Hello")
-    for method in methods:  # warm-up: first calls pay for allocation and lazy initialisation
-        bench.run(method, warm[:])
-    for number, prompt in enumerate(prompts, 1):
-        ids = bench.prompt_ids(prompt)
-        for method in methods:
-            results[method].runs.append(bench.run(method, ids))
-        if progress:
-            progress(number, len(prompts))
-    return summarise(models, prompts, max_new_tokens, results, policies, engine.speculator_names)
-
-
-def compare(spec: list[Run], results: dict[str, MethodRuns]) -> dict:
-    """One speculative row against the baselines, prompt by prompt."""
-    inc, hf = results["incremental"].runs, results["hf-generate"].runs
-    assisted = results["hf-assisted"].runs
-    vs_inc = [s.tokens_per_s / max(i.tokens_per_s, h.tokens_per_s) for s, i, h in zip(spec, inc, hf)]
-    vs_assisted = [s.tokens_per_s / a.tokens_per_s for s, a in zip(spec, assisted) if a.tokens_per_s]
+def engine_models(engine) -> dict:
+    """The engine's cost model and acceptance calibration, where this engine has them."""
+    costs = getattr(engine, "cost_model", None)
+    acceptance = getattr(engine, "acceptance_model", None)
     return {
-        "speedup_vs_incremental": statistics.median(vs_inc),
-        "speedup_vs_hf_assisted": statistics.median(vs_assisted) if vs_assisted else None,
-        "identical_outputs": sum(s.tokens == i.tokens for s, i in zip(spec, inc)),
-        "identical_to_hf_generate": sum(s.tokens == h.tokens for s, h in zip(spec, hf)),
-        "compared_outputs": len(spec),
+        "cost_model": costs.to_dict() if callable(getattr(costs, "to_dict", None)) else None,
+        "calibration": acceptance.calibration() if callable(getattr(acceptance, "calibration", None)) else None,
     }
 
 
-def summarise(
-    models, prompts, max_new_tokens, results: dict[str, MethodRuns], policies=("union",), speculators=None
+def measure_prompt(bench: Bench, methods: tuple[str, ...], k: int, prompt: str) -> PromptResult:
+    """Prompt k: every method once in rotated order, then the re-runs `speculative` needs."""
+    ids = bench.prompt_ids(prompt)
+    result = PromptResult(k, getattr(prompt, "category", None), len(ids), {m: [] for m in methods})
+    for method in rotation(methods, k):
+        result.runs[method].append(bench.run(method, ids))
+    for extra in range(1, reruns_needed(result.speedup(DEFAULT_SPEC, INCREMENTAL)) + 1):
+        for method in rotation((INCREMENTAL, DEFAULT_SPEC), k + extra):
+            result.runs[method].append(bench.run(method, ids))
+    return result
+
+
+def run_bench(
+    models, engine, prompts: list[str], max_new_tokens: int, progress=None, merge: str = "both",
+    tree=DEFAULT_TREE, threads: int | None = None,
 ) -> dict:
-    merge_of = {SPEC_METHODS[p]: p for p in policies}
-    methods = {}
-    for name, runs in results.items():
-        methods[name] = runs.summary(with_steps=name == "incremental" or name in merge_of, with_trees=name in merge_of)
-        if name in merge_of:
-            methods[name]["merge"] = merge_of[name]
-    by_merge = {}
-    for policy in policies:
-        name = SPEC_METHODS[policy]
-        by_merge[policy] = {
-            "method": name,
-            "mean_accepted": methods[name]["mean_accepted"],
-            "mean_drafted": methods[name]["mean_drafted"],
-            **compare(results[name].runs, results),
-        }
-    first = by_merge[policies[0]]  # the top-level figures (union when it ran): the report's old shape
+    """Warm up, measure every prompt, return the report (its keys: bench_report.py's docstring)."""
+    policies = merge_policies(merge)
+    threads = set_threads(threads)
+    bench = Bench(models, engine, max_new_tokens, tree)
+    methods = bench_methods(bench.assistant is not None, policies)
+    warm = bench.prompt_ids("Hello")
+    for method in methods:  # first calls pay for allocation, lazy initialisation and cost measurement
+        bench.run(method, warm)
+    results = []
+    for k, prompt in enumerate(prompts):
+        results.append(measure_prompt(bench, methods, k, prompt))
+        if progress:
+            progress(k + 1, len(prompts))
     return {
         "model": models.preset.name,
         "ssms": [name for name, _ in models.ssms],
-        "speculators": list(speculators) if speculators is not None else None,
+        "speculators": list(engine.speculator_names),
         "quant": models.quant,
         "device": models.device,
         "attention_backend": models.attention_backend,
+        "threads": threads,
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
-        "methods": methods,
-        "merge": policies[0],
-        "speedup_vs_incremental": first["speedup_vs_incremental"],
-        "speedup_vs_hf_assisted": first["speedup_vs_hf_assisted"],
-        "mean_accepted": first["mean_accepted"],
-        "identical_outputs": first["identical_outputs"],
-        "identical_to_hf_generate": first["identical_to_hf_generate"],
-        "compared_outputs": first["compared_outputs"],
-        "by_merge": by_merge,
+        "tree": tree_text(tree),
+        "fixed_tree": tree_text(FIXED_TREE),
+        "merge": list(policies),
+        "hf_assistant": bench.assistant_name,
+        "order": "rotated",
+        "rerun_below": RERUN_BELOW,
+        "rerun_total": RERUN_TOTAL,
+        **summarise(results, methods, RERUN_BELOW),
+        **engine_models(engine),
     }
-
-
-def format_table(report: dict) -> str:
-    rows = [f"{'method':<21}{'tokens/s':>10}{'new tokens':>12}{'tokens/step':>13}{'tree nodes/step':>17}"]
-    for name, m in report["methods"].items():
-        steps = f"{m['mean_accepted']:.2f}" if "mean_accepted" in m else "-"
-        drafted = f"{m['mean_drafted']:.2f}" if "mean_drafted" in m else "-"
-        label = method_label(name, m.get("merge"))
-        rows.append(f"{label:<21}{m['tokens_per_s']:>10.2f}{m['new_tokens']:>12}{steps:>13}{drafted:>17}")
-    rows += [
-        "",
-        f"model {report['model']} ({report['quant']}, {report['device']}, attention {report['attention_backend']}), "
-        f"{report['prompts']} prompts, {report['max_new_tokens']} max new tokens, greedy",
-    ]
-    speculators = report.get("speculators")
-    if speculators is not None:
-        rows.append(f"speculators: {', '.join(speculators) or 'none'}")
-        if "vote" in report["by_merge"] and len(speculators) < 2:
-            rows.append("(with a single speculator every node has one vote, so vote keeps the whole tree: union)")
-    for policy, row in report["by_merge"].items():
-        label, assisted = method_label(row["method"], policy), row["speedup_vs_hf_assisted"]
-        rows += [
-            f"{label} vs faster of incremental/hf-generate: {row['speedup_vs_incremental']:.2f}x (median per prompt)"
-            + (f", vs hf-assisted: {assisted:.2f}x" if assisted else ", vs hf-assisted: n/a"),
-            f"{label} output identical to incremental: {row['identical_outputs']}/{row['compared_outputs']}"
-            f" (to hf-generate: {row['identical_to_hf_generate']}/{row['compared_outputs']})",
-        ]
-    return "\n".join(rows)

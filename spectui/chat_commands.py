@@ -24,7 +24,7 @@ def chat(
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default: the config's)"),
     top_p: Optional[float] = typer.Option(None, "--top-p"),
     seed: Optional[int] = typer.Option(None, "--seed"),
-    tree: Optional[str] = typer.Option(None, "--tree", help="children per node at each depth, e.g. 2,2,1,1"),
+    tree: Optional[str] = typer.Option(None, "--tree", help="auto (the default: chosen each step by measured cost) or children per node at each depth, e.g. 2,2,1,1"),
     no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
     merge: Optional[str] = typer.Option(None, "--merge", help="union or vote: how several speculators' trees merge"),
     system: Optional[str] = typer.Option(None, "--system", help="system prompt for new conversations"),

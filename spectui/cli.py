@@ -66,9 +66,10 @@ DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda")
 
 
 def load(model: str, ssm: list[str] | None, quant: str, device: str):
+    from . import paths
     from .engine.loading import load_engine
 
-    return load_engine(model, ssm or (), quant, device)
+    return load_engine(model, ssm or (), quant, device, cost_cache=paths.cache_dir() / "costs")
 
 
 def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge=DEFAULT_MERGE):
@@ -96,7 +97,7 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy"),
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: Optional[int] = typer.Option(None, "--seed"),
-    tree: str = typer.Option(tree_text(), "--tree", help="children per node at each depth"),
+    tree: str = typer.Option(tree_text(), "--tree", help="auto (chosen each step by measured cost) or children per node at each depth, e.g. 1,1,1"),
     no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
     merge: str = typer.Option(
         DEFAULT_MERGE, "--merge", help="merge the speculators' trees: union (all) or vote (per depth, the most agreed)"
@@ -113,6 +114,7 @@ def generate(
         if not prompt.strip():
             raise UsageFailure("the prompt is empty")
         settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge)
+        settings.detail = as_json or trace is not None  # trees with text and probabilities only when recorded
         models, engine = load(model, ssm, quant, device)
         conversation = Conversation(system=system)
         conversation.add("user", prompt)
@@ -127,7 +129,7 @@ def generate(
             system=system,
             temperature=temperature,
             top_p=top_p,
-            tree_shape=list(settings.tree_shape),
+            tree_shape=settings.tree_shape if settings.auto else list(settings.tree_shape),
             max_new_tokens=max_new_tokens,
             merge=settings.merge,
         )
@@ -165,9 +167,10 @@ def stream(events, as_json: bool):
 
 def summary_line(event, models) -> str:
     reason = f", stopped ({event.stop_reason})" if event.stop_reason in ("stopped", "length") else ""
+    speedup = f"speed-up {event.speedup:.2f}x" if event.speedup is not None else "speed-up n/a"
     return (
         f"{event.total_tokens} tokens in {event.elapsed_s:.1f} s: {event.tokens_per_s:.1f} tokens/s, "
-        f"{event.mean_accepted:.2f} tokens per verifier step, acceptance {event.acceptance_rate:.0%}, "
+        f"{event.mean_accepted:.2f} tokens per verifier step, acceptance {event.acceptance_rate:.0%}, {speedup}, "
         f"attention {event.attention_backend}, {models.quant} on {models.device}{reason}"
     )
 
@@ -194,29 +197,40 @@ def bench(
     quant: str = QuantOpt,
     device: str = DeviceOpt,
     prompts: Path = typer.Option(
-        Path("../shared/data/vicuna_bench_questions.jsonl"), "--prompts", help="JSONL with 'turns', or one prompt a line"
+        Path("../shared/data/vicuna_bench_questions.jsonl"), "--prompts",
+        help="JSONL with 'turns' (and optional 'category'), or one prompt a line",
     ),
     limit: Optional[int] = typer.Option(None, "--limit", help="use the first N prompts"),
+    per_category: Optional[int] = typer.Option(None, "--per-category", help="use the first N prompts of each category"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
     json_out: Optional[str] = typer.Option(None, "--json", help="write the report as JSON to PATH, or - for stdout"),
-    merge: str = typer.Option("both", "--merge", help="speculative rows: union, vote or both"),
+    merge: str = typer.Option("both", "--merge", help="union: speculative rows merge by union; vote or both: add speculative-vote"),
+    tree: str = typer.Option(tree_text(), "--tree", help="the speculative row's tree: auto, or children per node at each depth"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads for every method (default: all cores)"),
 ) -> None:
-    """Compare incremental, hf-generate, hf-assisted and speculative decoding, greedy, in one process."""
-    from .bench import format_table, merge_policies, read_prompts, run_bench
+    """Every decoding method on the same prompts, greedy, order rotated per prompt: per-prompt ratios to incremental."""
+    from .bench import format_table, merge_policies, read_prompts, run_bench, set_threads
+    from .engine.settings import parse_tree
 
     with friendly_errors():
         if max_new_tokens < 1:
             raise UsageFailure("--max-new-tokens must be at least 1")
         if limit is not None and limit < 1:
             raise UsageFailure("--limit must be at least 1")
+        if per_category is not None and per_category < 1:
+            raise UsageFailure("--per-category must be at least 1")
+        if threads is not None and threads < 1:
+            raise UsageFailure("--threads must be at least 1")
         merge_policies(merge)  # ValueError with the choices: exit 2 before any model loads
-        texts = read_prompts(prompts, limit)
+        shape = parse_tree(tree)  # likewise for a bad --tree
+        texts = read_prompts(prompts, limit, per_category)
+        threads = set_threads(threads)  # before loading: the engine measures its costs per thread count
         loaded, engine = load(model, ssm, quant, device)
 
         def progress(done, total):
             typer.echo(f"bench: {done}/{total} prompts", err=True)
 
-        report = run_bench(loaded, engine, texts, max_new_tokens, progress, merge=merge)
+        report = run_bench(loaded, engine, texts, max_new_tokens, progress, merge=merge, tree=shape, threads=threads)
         typer.echo(format_table(report), err=json_out == "-")
         if json_out == "-":
             typer.echo(json.dumps(report, indent=2))

@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .engine.settings import DEFAULT_MERGE, GenerationSettings, parse_tree, tree_text
+from .engine.settings import DEFAULT_MERGE, OLD_DEFAULT_TREES, GenerationSettings, parse_tree, tree_text
 
 
 @dataclass
@@ -65,6 +65,8 @@ def load_config(path: Path) -> Config:
             config.notice = f"config {path}: {f.name} = {value!r} ignored (expected {type(default).__name__})"
             continue
         setattr(config, f.name, type(default)(value))
+    if config.tree in {tree_text(shape) for shape in OLD_DEFAULT_TREES}:
+        config.tree = tree_text()  # an earlier default, saved with the settings: the default is now auto
     try:
         config.settings()
     except ValueError as exc:

@@ -83,6 +83,7 @@ async def run_session(models, engine, spec: dict, prompts: list[str], settings: 
 async def _session(models, engine, spec, prompts, settings, rounds, progress):
     import torch
 
+    from . import paths
     from .app import SpecTuiApp
     from .engine.chat import Conversation
     from .engine.worker import EngineWorker, LoadRequest, engine_threads
@@ -90,7 +91,8 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
 
     thread_counts = sorted({torch.get_num_threads(), engine_threads(None)})
     # headless in an engine process of its own, exactly like the app's but with nobody drawing
-    worker = EngineWorker(LoadRequest(spec["model"], tuple(spec.get("ssms", ())), spec["quant"], spec["device"]))
+    worker = EngineWorker(LoadRequest(spec["model"], tuple(spec.get("ssms", ())), spec["quant"], spec["device"],
+                                       cost_cache=str(paths.cache_dir() / "costs")))
     await asyncio.to_thread(worker.wait_loaded)
 
     def run_worker(prompt: str) -> Throughput:

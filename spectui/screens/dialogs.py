@@ -131,7 +131,7 @@ class SettingsScreen(ModalScreen[tuple[Config, str | None] | None]):
                 yield Input(str(c.temperature), id="temperature", compact=True)
                 yield Label("Top-p")
                 yield Input(str(c.top_p), id="top_p", compact=True)
-                yield Label("Tree shape (children per depth)")
+                yield Label("Tree: auto, or children per depth (e.g. 1,1,1)")
                 yield Input(c.tree, id="tree", compact=True)
                 yield Label("Max new tokens")
                 yield Input(str(c.max_new_tokens), id="max_new_tokens", compact=True)

@@ -1,10 +1,9 @@
 """AcceptancePanel: per-step acceptance chart and the running figures of the answer.
 
 The chart has a fixed 0-100 % scale, one bar per verifier step (steps averaged into buckets
-when the answer outgrows the width). The speed-up over incremental decoding is estimated from
-measured costs: an incremental token costs one single-token verifier pass (the median of the
-answer's draft-free steps when there are any, else the mean verify time, SpecInfer's premise
-that a tree pass costs about one token pass); speculation cost the measured draft + verify time.
+when the answer outgrows the width). The speed-up is the engine's measured one (StepEvent.speedup,
+engine/speedup.py): the answer's engine time against real one-token steps timed in the same
+process; it reads 1.00x with speculation off, and n/a where nothing was measured (old traces).
 """
 
 from __future__ import annotations
@@ -54,21 +53,6 @@ class AcceptanceChart(Widget):
         return Text("\n".join(rows), style=colour)
 
 
-def speedup(events: list[StepEvent]) -> tuple[float | None, str]:
-    """(estimated speed-up over incremental decoding, the basis of the estimate)."""
-    steps = [e for e in events if e.step > 0]
-    if not steps:
-        return None, ""
-    single = [e.verify_ms for e in steps if e.drafted == 0]
-    if single:
-        per_token, basis = statistics.median(single), "single-token steps measured"
-    else:
-        per_token, basis = statistics.fmean(e.verify_ms for e in steps), "tree pass ≈ token pass"
-    spent = sum(e.verify_ms + e.draft_ms for e in steps)
-    tokens = sum(len(e.new_tokens) for e in steps)
-    return (tokens * per_token / spent if spent > 0 else None), basis
-
-
 def summary(events: list[StepEvent], quant: str) -> str:
     if not events:
         return "no answer yet"
@@ -76,13 +60,14 @@ def summary(events: list[StepEvent], quant: str) -> str:
     steps = [e for e in events if e.step > 0]
     verify = sum(e.verify_ms for e in steps)
     draft = sum(e.draft_ms for e in steps)
-    ratio, basis = speedup(events)
+    ratio = last.speedup
+    engine_s = last.total_tokens / last.tokens_per_s if last.tokens_per_s > 0 else 0.0
     rows = [
         f"acceptance   {last.acceptance_rate:6.0%}  ({sum(e.accepted_count for e in steps)}/{sum(e.drafted for e in steps)} drafted)",
         f"tokens/step  {last.mean_accepted:6.2f}",
-        f"tokens/s     {last.tokens_per_s:6.1f}  ({last.total_tokens} tokens, {last.elapsed_s:.1f} s)",
+        f"tokens/s     {last.tokens_per_s:6.1f}  ({last.total_tokens} tokens, {engine_s:.1f} s)",
         f"verify       {verify:6.0f} ms   draft {draft:.0f} ms",
-        f"speed-up     {'   n/a' if ratio is None else f'{ratio:5.2f}x'}  ({basis})" if ratio else "speed-up        n/a",
+        f"speed-up     {ratio:5.2f}x  (vs timed one-token steps)" if ratio is not None else "speed-up       n/a  (not measured)",
         f"attention    {last.attention_backend}   quant {quant}",
     ]
     if last.finished:

@@ -12,14 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from spectui.engine.events import StepEvent, read_trace
 
 SPECTUI = [sys.executable, "-m", "spectui.cli"]
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vicuna_bench_questions.jsonl"
 
 
 def spectui(*args, timeout=300):
@@ -70,8 +68,6 @@ def test_generate_json_prints_step_events(embedded_dir):
         (["generate", "hi", "--quant", "q3"], "--quant"),
         (["generate", "hi", "--top-p", "0"], "top-p"),
         (["generate", "hi", "--merge", "majority"], "--merge must be union or vote"),
-        (["bench", "--merge", "all"], "--merge must be union, vote or both"),
-        (["bench", "--prompts", "/no/such/prompts.jsonl"], "cannot read prompts"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):
@@ -121,45 +117,6 @@ def test_ctrl_c_stops_and_keeps_output(embedded_dir):
 
 
 @pytest.mark.slow
-def test_bench_reports_identical_outputs(embedded_dir, tmp_path):
-    """Default --merge both: one speculative row per merge policy, each compared on its own."""
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("What is the capital of France?\nRepeat: red green blue red green blue\n")
-    result = spectui("bench", "--prompts", str(prompts), "--max-new-tokens", "16", "--json", "-", timeout=600)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    assert report["prompts"] == 2 and report["compared_outputs"] == 2
-    assert report["identical_outputs"] == 2 and report["identical_to_hf_generate"] == 2
-    assert set(report["methods"]) == {"incremental", "hf-generate", "hf-assisted", "speculative", "speculative-vote"}
-    assert report["methods"]["speculative"]["merge"] == "union" and report["merge"] == "union"
-    assert report["methods"]["speculative-vote"]["merge"] == "vote"
-    assert report["methods"]["speculative"]["mean_accepted"] >= 1.0
-    assert report["speedup_vs_incremental"] > 0 and report["speedup_vs_hf_assisted"] > 0
-    assert set(report["by_merge"]) == {"union", "vote"}
-    for policy, row in report["by_merge"].items():
-        method = report["methods"][row["method"]]
-        assert row["identical_outputs"] == 2 and row["identical_to_hf_generate"] == 2, policy
-        assert row["mean_accepted"] == method["mean_accepted"] >= 1.0 and row["mean_drafted"] > 0
-        assert row["speedup_vs_incremental"] > 0 and row["speedup_vs_hf_assisted"] > 0
-    assert report["speculators"] == ["smollm2-boost-1", "smollm2-boost-2", "ngram"]
-    # vote keeps at most union's nodes
-    assert report["by_merge"]["vote"]["mean_drafted"] <= report["by_merge"]["union"]["mean_drafted"]
-    table = result.stderr
-    assert "speculative (union)" in table and "speculative (vote)" in table
-    assert "speculative (vote) vs faster of incremental/hf-generate" in table
-    assert "speculative (vote) output identical to incremental: 2/2" in table
-
-
-def test_bench_merge_choices():
-    from spectui.bench import merge_policies
-
-    assert merge_policies("both") == ("union", "vote")
-    assert merge_policies("vote") == ("vote",) and merge_policies("union") == ("union",)
-    with pytest.raises(ValueError, match="union, vote or both"):
-        merge_policies("intersection")
-
-
-@pytest.mark.slow
 def test_generate_with_vote_merge_and_two_speculators(embedded_dir, tmp_path):
     """--ssm the embedded folder (unquantised: near-perfect) beside the preset's speculators, which agree
     on a repetitive answer: vote must leave one vote count per depth, where union would mix them."""
@@ -179,13 +136,6 @@ def test_generate_with_vote_merge_and_two_speculators(embedded_dir, tmp_path):
         for node in event.tree[1:]:
             counts.setdefault(node.depth, set()).add(len(node.sources))
         assert all(len(c) == 1 for c in counts.values())
-
-
-def test_bench_reads_vicuna_jsonl():
-    from spectui.bench import read_prompts
-
-    prompts = read_prompts(DATA, limit=3)
-    assert prompts[0] == "How can I improve my time management skills?" and len(prompts) == 3
 
 
 def test_unavailable_attention_backend_exits_2(monkeypatch):

@@ -52,7 +52,7 @@ def references(embedded_models):
 
 
 def run(engine, ids, shape, speculate=True, merge="union"):
-    settings = GenerationSettings(max_new_tokens=MAX_NEW, tree_shape=shape, speculate=speculate, merge=merge)
+    settings = GenerationSettings(max_new_tokens=MAX_NEW, tree_shape=shape, speculate=speculate, merge=merge, detail=True)
     events = list(engine.generate(ids, settings))
     tokens = [t for e in events for t in e.new_tokens]
     return tokens, events[-1], events
@@ -74,6 +74,10 @@ CONFIGS = {
     "vote:perfect+verifier": (
         lambda fp32, bad, nf4: [ModelDrafter("self", fp32), ModelDrafter("nf4", nf4)], (2, 2, 1, 1), "vote"
     ),
+    # the adaptive tree: shapes change every step, one-token (calibration) steps interleave
+    "auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),
+    "auto:perfect+ngram": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32), NGramDrafter()], "auto", "union"),
+    "auto-vote:two-ssms+ngram": (two_ssms_and_ngram, "auto", "vote"),
 }
 
 
@@ -106,10 +110,15 @@ def test_speculative_equals_hf_generate(config, embedded_models, embedded_fp32, 
         # union holds the fp32 SSM's 2+4+4+4 = 14 nodes at least; vote keeps only the agreed ones
         assert sum(e.drafted < 14 for e in steps) > len(steps) // 2, "vote should prune most trees"
         assert mean_accepted > 2.5, "pruning disagreements must keep the long acceptances"
+    if config.startswith("auto"):
+        assert all(e.speedup is not None for e in steps), "every step's speed-up is measured"
     if config == "two-ssms+ngram":  # union keeps minority nodes beside agreed ones
         assert any(len(c) > 1 for e in steps for c in vote_counts_per_depth(e).values())
     if config.startswith("perfect"):
         assert mean_accepted > 2.5, "a near-perfect SSM must give long acceptances"
+    if config == "auto:perfect+ngram":  # the tree changes shape step to step, and speculation is accepted
+        # (the unquantised SSM drafts slower than the NF4 verifier verifies, so auto uses it sparingly)
+        assert len({e.drafted for e in steps}) > 2 and sum(e.accepted_count for e in steps) > 5
     if config == "bad":
         assert acceptance < 0.2 and mean_accepted < 1.5, "a random SSM must mostly be rejected"
     if config == "incremental":

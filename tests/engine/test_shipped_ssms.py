@@ -32,12 +32,16 @@ def test_the_preset_loads_them_and_stays_lossless(embedded_models):
     assert engine.speculator_names == [*names, "ngram"]
     for prompt in ("What is the capital of France?", "Give me three tips for staying focused."):
         tokens = {}
-        for speculate in (True, False):
+        for mode, settings in {
+            "fixed": GenerationSettings(max_new_tokens=40, tree_shape=(1, 1, 1)),  # every SSM drafts every step
+            "auto": GenerationSettings(max_new_tokens=40),  # the default: SSMs draft where they pay
+            "incremental": GenerationSettings(max_new_tokens=40, speculate=False),
+        }.items():
             conversation = Conversation()
             conversation.add("user", prompt)
-            events = list(chat(engine, embedded_models, conversation, GenerationSettings(max_new_tokens=40, speculate=speculate)))
-            tokens[speculate] = [t for e in events for t in e.new_tokens]
-            if speculate:
+            events = list(chat(engine, embedded_models, conversation, settings))
+            tokens[mode] = [t for e in events for t in e.new_tokens]
+            if mode == "fixed":
                 origins = {o for e in events for o in e.token_origins}
                 assert any(name in o for o in origins for name in names)  # the SSMs get tokens accepted
-        assert tokens[True] == tokens[False]
+        assert tokens["fixed"] == tokens["auto"] == tokens["incremental"]

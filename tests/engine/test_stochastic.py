@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 from spectui.engine.accept import accept_stochastic, target_probs
 from spectui.engine.cached_model import CachedModel
 from spectui.engine.chat import encode_chat
+from spectui.engine.costs import CostModel
 from spectui.engine.drafters import ModelDrafter, NGramDrafter
 from spectui.engine.merge import vote_tree
 from spectui.engine.settings import GenerationSettings
@@ -112,3 +113,39 @@ def test_sampling_is_reproducible_with_a_seed(embedded_models):
     first = [t for e in engine.generate(ids, settings) for t in e.new_tokens]
     second = [t for e in engine.generate(ids, settings) for t in e.new_tokens]
     assert first == second and len(first) > 0
+
+
+@pytest.mark.slow
+def test_mss_with_dynamic_auto_trees_follows_verifier_distribution(embedded_models):
+    """The auto tree changes shape from draw to draw (its acceptance model learns from every
+    verified draw, so later trees are longer or shorter); each draw's tree is fixed before the
+    verifier's random draws, so MSS must still emit exactly the verifier's distribution.
+    20,000 draws; each distinct tree is scored once by a real tree forward and reused."""
+    m = embedded_models
+    engine = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
+    engine.cost_model = CostModel({1: 50.0, 2: 55.0, 4: 62.0, 8: 75.0, 16: 90.0, 32: 110.0})  # fixed: a deterministic test
+    text = "Count the colours: red blue green red blue green red blue green red blue green red"
+    ids = encode_chat(m.tokenizer, [{"role": "user", "content": text}])
+    ids = ids + m.tokenizer.encode(" red blue green red blue")  # the answer so far repeats the prompt: n-gram matches
+    auto = engine.auto_drafting()
+    engine.verifier.reset()
+    engine.verifier.forward_chain(ids[:-1])  # cache = context minus the root
+    base = engine.verifier.length
+    plain = CachedModel(engine.verifier.model)
+    p_root = target_probs(plain.forward_chain(ids)[-1:], TEMPERATURE, TOP_P)[0]
+
+    scored: dict[tuple, torch.Tensor] = {}
+    gen = torch.Generator().manual_seed(7)
+    firsts, shapes = [], set()
+    for _ in range(20_000):
+        tree, _, _ = auto.draft(ids, engine.drafters, "union")
+        key = (tuple(tree.tokens), tuple(tree.parents))
+        if key not in scored:
+            scored[key] = target_probs(engine.score_tree(tree), TEMPERATURE, TOP_P)
+            engine.verifier.crop(base)
+        accepted, bonus = accept_stochastic(tree, scored[key], gen)
+        firsts.append(tree.tokens[accepted[0]] if accepted else bonus)
+        auto.observe(tree, accepted, engine.speculator_names, [])
+        shapes.add(len(tree))
+    assert len(shapes) >= 3, f"the auto tree should change shape as it learns, got sizes {sorted(shapes)}"
+    assert chi2(firsts, p_root) > 1e-3

@@ -91,7 +91,7 @@ def test_engine_accepts_tuned_ssms_and_stays_lossless(tuned, tiny_verifier):
         ids = encode_chat(models.tokenizer, [{"role": "user", "content": prompt}], template)  # as engine.chat renders it
         runs = {}
         for speculate in (True, False):
-            settings = GenerationSettings(max_new_tokens=24, speculate=speculate, tree_shape=(2, 2, 1))
+            settings = GenerationSettings(max_new_tokens=24, speculate=speculate, tree_shape=(2, 2, 1), detail=True)
             events = list(engine.generate(list(ids), settings))
             runs[speculate] = [t for e in events for t in e.new_tokens]
             if speculate:

@@ -24,7 +24,7 @@ def run(models, prompt, monkeypatch, backend):
     monkeypatch.setenv("SPECTUI_ATTENTION", backend)
     engine = SpeculativeEngine(models.verifier, models.tokenizer, [NGramDrafter()], models.stop_token_ids())
     ids = encode_chat(models.tokenizer, [{"role": "user", "content": prompt}])
-    events = list(engine.generate(ids, GenerationSettings(max_new_tokens=16)))
+    events = list(engine.generate(ids, GenerationSettings(max_new_tokens=16, tree_shape=(1, 1, 1))))  # n-gram drafts every step
     tree_steps = sum(1 for e in events if e.drafted > 0)
     return [t for e in events for t in e.new_tokens], tree_steps
 

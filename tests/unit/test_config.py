@@ -55,3 +55,11 @@ def test_strings_with_quotes_survive(tmp_path):
 def test_invalid_settings_raise():
     with pytest.raises(ValueError):
         Config(top_p=0).settings()
+
+
+def test_an_old_default_tree_moves_to_auto(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('tree = "1,1,1"\n', encoding="utf-8")
+    assert load_config(path).settings().tree_shape == "auto"
+    path.write_text('tree = "3,1"\n', encoding="utf-8")
+    assert load_config(path).settings().tree_shape == (3, 1)  # a chosen shape stays

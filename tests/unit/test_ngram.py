@@ -30,3 +30,22 @@ def test_draft_adds_chains_below_root_with_source_bit():
     assert tree.tokens[1:] == [1, 7]
     assert tree.parents[1:] == [0, 1]
     assert all(s == 1 << 2 for s in tree.sources[1:])
+
+
+def test_matches_rank_longest_suffix_first_with_its_length():
+    drafter = NGramDrafter()
+    #            0  1  2  3  4  5  6  7  8  9 10 11
+    committed = [5, 1, 2, 3, 9, 8, 2, 3, 7, 7, 1, 2, 3]  # the suffix 1 2 3 occurred at 1..3, 2 3 at 6..7
+    found = drafter.matches(committed, depth=3, branches=2)
+    assert found[0] == ([9, 8, 2], 3)  # after the 3-token match
+    assert found[1] == ([7, 7, 1], 2)  # after the 2-token match
+    assert drafter.matches(committed, depth=3, branches=1) == [found[0]]
+
+
+def test_matches_need_min_ngram_and_an_earlier_occurrence():
+    drafter = NGramDrafter(min_ngram=2)
+    assert drafter.matches([4, 5, 6]) == []
+    assert drafter.matches([1, 4, 2, 4]) == []  # a single-token match is below min_ngram
+    tree = TokenTree.with_root(4)
+    drafter.draft_matches([1, 4, 2, 1, 4], tree, 0)
+    assert tree.tokens[1:] == [2, 1, 4] and tree.evidence[1] == {0: 2}

@@ -1,0 +1,115 @@
+"""AcceptanceModel: how likely the verifier is to accept a drafted token, learned online.
+
+For a drafted node u whose parent was reached (the parent is the root or was accepted), let
+A(u) be the event that the verifier accepts u. The model predicts
+
+    a(u) = P(A(u) | parent reached)  from  (speculator, depth bucket, confidence bin)
+
+with a Beta-binomial estimate per cell: a = (hits + k * prior) / (trials + k). The confidence
+of an SSM's node is its draft probability q (10 bins over [0, 1]); the n-gram drafter's is the
+length of the suffix match that proposed it (a longer match repeats its source more often).
+Priors are deliberately modest (prior mean 0.6 q for an SSM, 0.2 + 0.08 * match length for
+n-gram, weight k = 4 trials) so a few steps of evidence dominate.
+
+Along a path the acceptances chain: the expected number of tokens a node contributes is
+
+    v(u) = a(u) * v(parent(u)),  v(root) = 1
+
+and a tree's expected accepted tokens are the sum of v over its drafted nodes (plus the bonus
+token every step commits). A node several speculators proposed takes the best of their a.
+
+Every verified step is folded in by `observe`; `calibration()` reports predicted against observed
+acceptance per cell (the bench writes it to JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEPTH_BUCKETS = (1, 2, 3, 4, 6, 9)  # bucket b holds depths [DEPTH_BUCKETS[b], DEPTH_BUCKETS[b+1])
+PROB_BINS = 10  # SSM confidence bins over q in [0, 1]
+MAX_MATCH = 8  # n-gram confidence bins: match length 1..MAX_MATCH (longer clipped)
+PRIOR_WEIGHT = 4.0
+
+
+def depth_bucket(depth: int) -> int:
+    bucket = 0
+    for b, start in enumerate(DEPTH_BUCKETS):
+        if depth >= start:
+            bucket = b
+    return bucket
+
+
+def prob_bin(q: float) -> int:
+    return min(int(q * PROB_BINS), PROB_BINS - 1)
+
+
+def match_bin(length: int) -> int:
+    return min(max(length, 1), MAX_MATCH)
+
+
+@dataclass
+class Cell:
+    prior: float
+    hits: float = 0.0
+    trials: float = 0.0
+    predicted_sum: float = 0.0  # sum of the predictions made for the observed trials
+
+    @property
+    def mean(self) -> float:
+        return (self.hits + PRIOR_WEIGHT * self.prior) / (self.trials + PRIOR_WEIGHT)
+
+
+@dataclass
+class AcceptanceModel:
+    kinds: dict[str, str] = field(default_factory=dict)  # speculator -> "model" | "ngram"
+    cells: dict[tuple[str, int, int], Cell] = field(default_factory=dict)
+
+    def prior(self, speculator: str, conf_bin: int) -> float:
+        if self.kinds.get(speculator) == "ngram":
+            return 0.2 + 0.08 * conf_bin  # match length 2: 0.36 ... 8: 0.84
+        return 0.6 * (conf_bin + 0.5) / PROB_BINS
+
+    def cell(self, speculator: str, depth: int, conf_bin: int) -> Cell:
+        key = (speculator, depth_bucket(depth), conf_bin)
+        found = self.cells.get(key)
+        if found is None:
+            found = self.cells[key] = Cell(self.prior(speculator, conf_bin))
+        return found
+
+    def predict(self, evidence: dict[str, int], depth: int) -> float:
+        """a(u) for a node with evidence {speculator: confidence bin} at `depth` (best over speculators)."""
+        return max((self.cell(s, depth, b).mean for s, b in evidence.items()), default=0.0)
+
+    def observe(self, evidence: dict[str, int], depth: int, accepted: bool) -> None:
+        for speculator, conf_bin in evidence.items():
+            cell = self.cell(speculator, depth, conf_bin)
+            cell.predicted_sum += cell.mean
+            cell.trials += 1
+            cell.hits += accepted
+
+    def mean_for(self, speculator: str, depth: int) -> float:
+        """Observed acceptance of a speculator's nodes at this depth (all bins), its prior if unseen."""
+        hits = trials = 0.0
+        for (s, b, _), cell in self.cells.items():
+            if s == speculator and b == depth_bucket(depth):
+                hits, trials = hits + cell.hits, trials + cell.trials
+        fallback = self.prior(speculator, PROB_BINS - 1 if self.kinds.get(speculator) != "ngram" else 0)
+        return (hits + PRIOR_WEIGHT * fallback) / (trials + PRIOR_WEIGHT)
+
+    def calibration(self) -> list[dict]:
+        """Per observed cell: speculator, depth bucket, confidence bin, trials, mean predicted, observed."""
+        rows = []
+        for (speculator, bucket, conf_bin), cell in sorted(self.cells.items()):
+            if cell.trials == 0:
+                continue
+            rows.append({
+                "speculator": speculator,
+                "depth_from": DEPTH_BUCKETS[bucket],
+                "confidence": (f"q {conf_bin / PROB_BINS:.1f}-{(conf_bin + 1) / PROB_BINS:.1f}"
+                               if self.kinds.get(speculator) != "ngram" else f"match {conf_bin}"),
+                "trials": int(cell.trials),
+                "predicted": round(cell.predicted_sum / cell.trials, 4),
+                "observed": round(cell.hits / cell.trials, 4),
+            })
+        return rows

@@ -1,0 +1,179 @@
+"""Adaptive speculation (`--tree auto`): each step, the tree that maximises expected tokens per ms.
+
+A step that verifies a tree of T nodes (root included) after drafting for D ms commits
+
+    E[tokens] = 1 + sum_{u in tree, u != root} v(u)          (the bonus token is always committed)
+
+where v(u) = a(u) * v(parent(u)) is the probability that u is accepted (acceptance_model.py),
+and costs D + c_verify(T) ms (costs.py). The step's rate is E[tokens] / (D + c_verify(T)).
+
+Which tree: maximising the step's own ratio would count drafting already done as a reason to
+verify more (its ms are sunk), so the choice maximises the step's surplus over a target rate R,
+
+    J(tree) = E[tokens] - R * c_verify(T),   R = max(1 / c_verify(1), recent realised tokens per ms)
+
+(Dinkelbach's method for a ratio: with R the best long-run rate, the tree maximising J is the
+tree that raises that rate). A node pays when v(u) > R * (the verify ms it adds): marginal
+against average. The root alone (T = 1) has J = 1 - R * c_verify(1) <= 0 and is always a
+candidate, so under its own model the chosen tree has expected tokens per verify ms >= 1 / c_verify(1):
+never worse than an incremental step.
+
+select_nodes: v never grows down a path (a <= 1), so the nodes sorted by decreasing v (ties by
+index, which puts parents first) give, for every k, a valid tree of the k best nodes: the best
+k-node subtree in expected tokens. All k are scanned (c_verify is concave: the next node may be
+cheaper than the last) and the best J is kept.
+
+AutoDrafting decides what to draft:
+- the n-gram drafter costs nothing measurable: its matches (up to 2 chains of 12) always join;
+- an SSM runs only while it pays: `gain` is a moving average of the tokens accepted from its nodes
+  alone (no other speculator proposed them) per step it ran; it runs when gain * c_verify(1) (the
+  ms those tokens would cost incrementally) exceeds its drafting cost, and otherwise every
+  EXPLORE_EVERY-th step, so a speculator that starts to agree (a copying phase, another topic)
+  is noticed;
+- it drafts depth by depth (top-3 under the root, top-2 below, the 2 best candidates fed each
+  level) and stops when the next level's best hope, v(best frontier node) * a_next, per ms it would
+  add (one SSM forward + one more verified node) no longer beats the rate of the best tree so far.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .acceptance_model import AcceptanceModel
+from .costs import CostModel
+from .merge import apply_policy
+from .tree import TokenTree
+
+MAX_NODES = 64  # the node budget of an auto tree, root included
+ROOT_WIDTH, WIDTH, FEED = 3, 2, 2  # SSM candidates under the root, under deeper nodes; nodes fed per level
+MAX_DEPTH = 8  # SSM levels per step
+EXPLORE_EVERY = 8  # an SSM that does not pay still drafts every this many steps
+GAIN_EMA = 0.25
+GAIN_PRIOR = 0.3  # tokens a new SSM is assumed to add per step until measured
+
+
+@dataclass
+class Plan:
+    keep: list[bool]
+    expected_tokens: float  # E[tokens] committed by the step, the bonus token included
+    cost_ms: float  # drafting + c_verify(T)
+
+    @property
+    def size(self) -> int:
+        return sum(self.keep)
+
+    @property
+    def rate(self) -> float:
+        return self.expected_tokens / self.cost_ms if self.cost_ms > 0 else 0.0
+
+
+def node_values(tree: TokenTree, accept: Callable[[int], float]) -> list[float]:
+    """v[i]: probability that node i is accepted = a(i) * v(parent); v[root] = 1."""
+    values = [1.0] * len(tree)
+    for i in range(1, len(tree)):
+        values[i] = values[tree.parents[i]] * accept(i)
+    return values
+
+
+def select_nodes(tree: TokenTree, values: list[float], verify_ms: Callable[[int], float], rate: float,
+                 draft_ms: float = 0.0, budget: int = MAX_NODES) -> Plan:
+    """The subtree of `tree` maximising E[tokens] - rate * c_verify(T) (see the module docstring)."""
+    order = sorted(range(1, len(tree)), key=lambda i: (-values[i], i))[: max(budget - 1, 0)]
+    expected, best_k, best = 1.0, 0, 1.0 - rate * verify_ms(1)
+    for k, node in enumerate(order, 1):
+        expected += values[node]
+        surplus = expected - rate * verify_ms(k + 1)
+        if surplus > best:
+            best_k, best = k, surplus
+    keep = [False] * len(tree)
+    keep[0] = True
+    for node in order[:best_k]:
+        keep[node] = True
+    for i in range(1, len(tree)):  # parents precede children: enforce closure under ancestors
+        keep[i] = keep[i] and keep[tree.parents[i]]
+    chosen = sum(values[i] for i in range(1, len(tree)) if keep[i])
+    return Plan(keep, 1.0 + chosen, draft_ms + verify_ms(sum(keep)))
+
+
+@dataclass
+class AutoDrafting:
+    costs: CostModel
+    acceptance: AcceptanceModel
+    gain: dict[str, float] = field(default_factory=dict)  # SSM -> moving average of tokens only it gave
+    idle: dict[str, int] = field(default_factory=dict)  # SSM -> steps since it last drafted
+    realised: float = 0.0  # moving average of committed tokens per ms of engine time, all steps
+
+    def target_rate(self) -> float:
+        """R: tokens per ms a node must beat (never below an incremental step's)."""
+        return max(1.0 / self.costs.verify(1), self.realised)
+
+    def observe_rate(self, tokens: int, step_ms: float) -> None:
+        if step_ms > 0:
+            rate = tokens / step_ms
+            self.realised = rate if self.realised == 0 else self.realised + GAIN_EMA * (rate - self.realised)
+
+    def predictor(self, tree: TokenTree, names: list[str]) -> Callable[[int], float]:
+        def accept(i: int) -> float:
+            return self.acceptance.predict({names[s]: b for s, b in tree.evidence[i].items()}, tree.depths[i])
+        return accept
+
+    def worth_running(self, name: str) -> bool:
+        gain = self.gain.setdefault(name, GAIN_PRIOR)
+        if gain * self.costs.verify(1) > self.costs.draft(name):
+            self.idle[name] = 0
+            return True
+        self.idle[name] = self.idle.get(name, 0) + 1
+        if self.idle[name] >= EXPLORE_EVERY:
+            self.idle[name] = 0
+            return True
+        return False
+
+    def draft(self, committed: list[int], drafters: list, merge: str) -> tuple[TokenTree, list[str], Plan]:
+        """Draft and choose this step's tree -> (tree, names of the SSMs that ran, plan)."""
+        start = time.perf_counter()
+        names = [d.name for d in drafters]
+        tree = TokenTree.with_root(committed[-1])
+        for source, drafter in enumerate(drafters):
+            if drafter.kind == "ngram":
+                drafter.draft_matches(committed, tree, source)
+        accept = self.predictor(tree, names)
+        rate = self.target_rate()
+        ran = []
+        for source, drafter in enumerate(drafters):
+            if drafter.kind != "model" or not self.worth_running(drafter.name):
+                continue
+            began, forwards = time.perf_counter(), 1
+            candidates = drafter.begin(committed, tree, source, ROOT_WIDTH)
+            for depth in range(2, MAX_DEPTH + 1):
+                if not candidates:
+                    break
+                values = node_values(tree, accept)
+                plan = select_nodes(tree, values, self.costs.verify, rate)
+                frontier = sorted(set(candidates), key=lambda i: (-values[i], i))[:FEED]
+                hope = values[frontier[0]] * self.acceptance.mean_for(drafter.name, depth)
+                extra_ms = self.costs.draft(drafter.name) + self.costs.verify(plan.size + 1) - self.costs.verify(plan.size)
+                if hope <= rate * extra_ms:
+                    break
+                candidates = drafter.expand(tree, source, frontier, WIDTH)
+                forwards += 1
+            drafter.finish()
+            self.costs.observe_draft(drafter.name, (time.perf_counter() - began) * 1000 / forwards)
+            ran.append(drafter.name)
+        tree = apply_policy(tree, merge)
+        values = node_values(tree, self.predictor(tree, names))
+        plan = select_nodes(tree, values, self.costs.verify, rate, (time.perf_counter() - start) * 1000)
+        return tree.select(plan.keep), ran, plan
+
+    def observe(self, tree: TokenTree, accepted: list[int], names: list[str], ran: list[str]) -> None:
+        """Fold a verified step into the acceptance model and the SSMs' gains."""
+        reached = {0, *accepted}
+        for i in range(1, len(tree)):
+            if tree.parents[i] in reached:
+                self.acceptance.observe({names[s]: b for s, b in tree.evidence[i].items()}, tree.depths[i], i in reached)
+        for name in ran:
+            bit = 1 << names.index(name)
+            alone = sum(1 for i in accepted if tree.sources[i] == bit)
+            gain = self.gain.get(name, GAIN_PRIOR)
+            self.gain[name] = gain + GAIN_EMA * (alone - gain)

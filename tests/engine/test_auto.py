@@ -1,0 +1,66 @@
+"""The adaptive engine end to end: cost model cache, measured speed-up, chat turns reusing the KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectui.engine.calibrate import prepare_costs
+from spectui.engine.chat import Conversation, chat, encode_chat
+from spectui.engine.costs import CostKey
+from spectui.engine.drafters import NGramDrafter
+from spectui.engine.settings import GenerationSettings
+from spectui.engine.speculative import SpeculativeEngine
+
+
+@pytest.fixture()
+def engine(embedded_models):
+    m = embedded_models
+    return SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
+
+
+def test_cost_model_is_measured_once_per_key(engine, tmp_path):
+    key = CostKey("smollm2-135m", "nf4", "cpu", torch.get_num_threads())
+    first = prepare_costs(engine, tmp_path, key)
+    assert not first.from_cache and first.measured_s < 10
+    assert first.verify(1) > 0 and first.verify(32) >= first.verify(1)  # non-decreasing in tree size
+    if first.noisy:
+        pytest.skip("the machine was too busy for the table to be cached")
+    again = prepare_costs(engine, tmp_path, key)
+    assert again.from_cache and again.verify_table == first.verify_table and again.measured_s == 0
+    other = prepare_costs(engine, tmp_path, CostKey("smollm2-135m", "nf4", "cpu", 99))
+    assert not other.from_cache  # another thread count: measured again
+
+
+def test_speedup_is_one_without_speculation_and_measured_with_it(engine, embedded_models):
+    ids = encode_chat(embedded_models.tokenizer, [{"role": "user", "content": "Name three colours."}])
+    plain = list(engine.generate(ids, GenerationSettings(max_new_tokens=12, speculate=False)))
+    assert all(e.speedup == 1.0 and e.incremental_ms == e.step_ms for e in plain[1:])
+    assert plain[0].speedup is None  # the prefill is no decode step
+    auto = list(engine.generate(ids, GenerationSettings(max_new_tokens=12)))
+    assert all(e.speedup is not None and e.speedup > 0 for e in auto[1:])
+    assert [t for e in auto for t in e.new_tokens] == [t for e in plain for t in e.new_tokens]
+    assert all(e.step_ms > 0 for e in auto) and auto[-1].tokens_per_s > 0
+
+
+def test_chat_turns_prefill_only_what_is_new(engine, embedded_models):
+    m = embedded_models
+    conversation = Conversation()
+    settings = GenerationSettings(max_new_tokens=16)
+    prefilled = []
+    for turn in ["Hi! Who are you?", "Name a fruit.", "And a vegetable?", "Which is sweeter?", "Thanks, bye."]:
+        conversation.add("user", turn)
+        answer = [t for e in chat(engine, m, conversation, settings) for t in e.new_tokens]
+        prefilled.append(engine.prefilled)
+        prompt, _ = conversation.prompt_ids(m.tokenizer, m.context_window, 16)
+        full = len(prompt) + 16
+    assert prefilled[0] > 20
+    assert all(p < 40 for p in prefilled[1:]), prefilled  # the new user turn (plus template), not the history
+    assert full > 100  # while the conversation itself grew well past that
+
+    # the reused cache changes nothing: the fifth answer equals a fresh engine's answer
+    conversation.messages.pop()  # the fifth answer
+    ids, _ = conversation.prompt_ids(m.tokenizer, m.context_window, 16)
+    fresh = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
+    expected = [t for e in fresh.generate(ids, settings) for t in e.new_tokens]
+    assert answer == expected

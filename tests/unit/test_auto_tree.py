@@ -1,0 +1,71 @@
+"""The adaptive tree's choice (auto_tree.select_nodes) against brute force, on random trees.
+
+Properties: the chosen nodes form a tree (closed under ancestors, root kept); its surplus
+E[tokens] - R * c_verify(T) is the best over every ancestor-closed subset (so in particular
+never below the root alone: never worse than T = 1 in expectation under the model); and the
+node budget holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spectui.engine.auto_tree import node_values, select_nodes
+from spectui.engine.tree import TokenTree
+
+
+def random_tree(parents_seed: list[int], accepts: list[float]) -> tuple[TokenTree, list[float]]:
+    tree = TokenTree.with_root(0)
+    for i, seed in enumerate(parents_seed, 1):
+        tree._append(100 + i, seed % i, 0, 1, 1.0)
+        tree.depths[-1] = tree.depths[tree.parents[-1]] + 1
+    values = node_values(tree, lambda i: accepts[i - 1])
+    return tree, values
+
+
+def concave_cost(base: float, slope: float):
+    return lambda size: base + slope * (size - 1) ** 0.7
+
+
+def surplus(tree, values, keep, rate, cost) -> float:
+    return 1 + sum(v for i, v in enumerate(values) if keep[i] and i) - rate * cost(sum(keep))
+
+
+trees = st.integers(1, 8).flatmap(lambda n: st.tuples(
+    st.lists(st.integers(0, 1000), min_size=n, max_size=n),
+    st.lists(st.floats(0.01, 0.99), min_size=n, max_size=n),
+))
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees, st.floats(20, 100), st.floats(0.5, 20), st.floats(0.5, 3.0))
+def test_choice_is_the_best_subtree_and_never_worse_than_one_token(data, base, slope, boost):
+    tree, values = random_tree(*data)
+    cost = concave_cost(base, slope)
+    rate = boost / cost(1)  # R at or above an incremental step's rate
+    plan = select_nodes(tree, values, cost, rate)
+    assert plan.keep[0]
+    assert all(not plan.keep[i] or plan.keep[tree.parents[i]] for i in range(1, len(tree)))
+    best = max(
+        surplus(tree, values, keep, rate, cost)
+        for bits in itertools.product([False, True], repeat=len(tree) - 1)
+        for keep in [[True, *bits]]
+        if all(not keep[i] or keep[tree.parents[i]] for i in range(1, len(tree)))
+    )
+    chosen = surplus(tree, values, plan.keep, rate, cost)
+    assert chosen >= best - 1e-9
+    assert chosen >= 1 - rate * cost(1) - 1e-12  # the root alone is always a candidate
+    assert abs(plan.expected_tokens - (1 + sum(v for i, v in enumerate(values) if i and plan.keep[i]))) < 1e-9
+
+
+def test_node_budget_and_obvious_choices():
+    tree = TokenTree.with_root(0)
+    tree.add_path(list(range(1, 40)), 0)
+    cost = concave_cost(50, 2)
+    sure = node_values(tree, lambda i: 0.999)
+    assert select_nodes(tree, sure, cost, 1 / cost(1), budget=8).size == 8
+    hopeless = node_values(tree, lambda i: 0.01)
+    assert select_nodes(tree, hopeless, cost, 1 / cost(1)).size == 1  # decode one token

@@ -1,0 +1,87 @@
+"""Cost model (costs.py), acceptance model (acceptance_model.py) and the measured speed-up (speedup.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spectui.engine.acceptance_model import AcceptanceModel, prob_bin
+from spectui.engine.costs import CostKey, CostModel, cache_path
+from spectui.engine.speedup import MAX_AGE, MAX_PREFIX_GAP, PureSteps, SpeedupMeter
+
+
+def model() -> CostModel:
+    return CostModel({1: 47.0, 2: 54.0, 4: 67.0, 8: 77.0}, prefix_len=160)
+
+
+def test_verify_cost_interpolates_extrapolates_and_drifts():
+    costs = model()
+    assert costs.verify(1) == 47 and costs.verify(3) == pytest.approx(60.5)
+    assert costs.verify(16) == pytest.approx(77 + 8 * 10 / 4)  # the last slope, extended
+    for _ in range(200):
+        costs.observe_verify(1, 2 * 47.0)  # the machine got twice as slow
+    assert costs.drift == pytest.approx(2.0, rel=1e-3)
+    assert costs.verify(1) == pytest.approx(94, rel=1e-3) and costs.verify(8) == pytest.approx(154, rel=1e-3)
+    for _ in range(300):
+        costs.observe_verify(6, 2 * 90.0)  # a tree of 6 costs more than the table says: the shape moves
+    assert costs.verify(6) == pytest.approx(180, rel=0.02)
+    assert costs.verify(1) == pytest.approx(94, rel=1e-3)  # one-token steps stay the anchor
+
+
+def test_cache_round_trip_and_key_mismatch(tmp_path):
+    key = CostKey("m", "nf4", "cpu", 2)
+    path = cache_path(tmp_path, key)
+    costs = model()
+    costs.draft_ms["ssm"] = 3.0
+    costs.save(path, key)
+    back = CostModel.load(path, key)
+    assert back is not None and back.from_cache and back.verify_table == costs.verify_table and back.draft_ms == {"ssm": 3.0}
+    assert CostModel.load(path, CostKey("m", "nf4", "cpu", 1)) is None  # other thread count: re-measure
+    assert cache_path(tmp_path, CostKey("m", "nf4", "cpu", 1)) != path
+    path.write_text("{not json", encoding="utf-8")
+    assert CostModel.load(path, key) is None
+    path.write_text(json.dumps({"version": 1, "key": {}, "verify_ms": {"1": -1}}), encoding="utf-8")
+    assert CostModel.load(path, key) is None
+
+
+def test_acceptance_model_learns_and_reports_calibration():
+    acc = AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"})
+    high, low = prob_bin(0.95), prob_bin(0.15)
+    assert acc.predict({"ssm": high}, 1) > acc.predict({"ssm": low}, 1)  # the prior follows q
+    before = acc.predict({"ngram": 4}, 2)
+    for _ in range(50):
+        acc.observe({"ngram": 4}, 2, True)
+    assert acc.predict({"ngram": 4}, 2) > 0.9 > before
+    for k in range(40):
+        acc.observe({"ssm": high}, 1, k % 4 == 0)  # observed 25 %
+    assert acc.predict({"ssm": high}, 1) == pytest.approx((10 + 4 * 0.57) / 44)
+    assert acc.predict({"ssm": high, "ngram": 4}, 2) == acc.predict({"ngram": 4}, 2)  # best of its speculators
+    rows = {(r["speculator"], r["depth_from"]): r for r in acc.calibration()}
+    assert rows[("ssm", 1)]["observed"] == 0.25 and rows[("ssm", 1)]["trials"] == 40
+    assert 0.25 < rows[("ssm", 1)]["predicted"] < 0.57  # predictions moved from the prior toward 25 %
+
+
+def test_speedup_is_one_for_pure_steps_and_measured_otherwise():
+    meter = SpeedupMeter()
+    for ms in (50.0, 61.0, 47.0):
+        meter.add(1, ms, pure=True, reference_ms=None)
+    assert meter.speedup == 1.0
+    meter.add(3, 80.0, pure=False, reference_ms=50.0)  # 3 tokens that incremental decoding takes 150 ms for
+    assert meter.speedup == pytest.approx((158 + 150) / (158 + 80))
+    blind = SpeedupMeter()
+    blind.add(2, 60.0, pure=False, reference_ms=None)
+    assert blind.speedup is None  # never a guess
+
+
+def test_pure_steps_ask_for_calibration_when_stale():
+    pure = PureSteps()
+    assert pure.needs_calibration(100)
+    pure.record(100, 50.0, pure=True)
+    assert not pure.needs_calibration(100)
+    assert pure.needs_calibration(100 + MAX_PREFIX_GAP + 1)
+    for _ in range(MAX_AGE):
+        pure.record(100, 80.0, pure=False)
+    assert pure.needs_calibration(100)
+    assert pure.reference_ms(100) == 50.0
+    assert pure.reference_ms(100 + MAX_PREFIX_GAP + 1) is None  # timed at another prefix: not a reference
