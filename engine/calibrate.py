@@ -19,7 +19,7 @@ from .tree import TokenTree
 
 PREFIX_LEN = 160  # tokens: a short chat turn
 REPEATS = 3
-NOISY_SPREAD = 1.5  # slowest / fastest pass of one size above this: the machine was busy; do not cache
+NOISY_SPREAD = 1.5  # slowest / fastest pass of one size above this: the machine was busy (reported)
 
 
 def synthetic_prefix(engine, length: int = PREFIX_LEN) -> list[int]:
@@ -91,7 +91,7 @@ def prepare_costs(engine, cache_dir: Path | None, key: CostKey) -> CostModel:
     model = CostModel.load(path, key) if path is not None else None
     if model is None:
         model = measure_costs(engine)
-        if path is not None and not model.noisy:
+        if path is not None:  # even a noisy table: real steps replace it within a few (costs.py)
             try:
                 model.save(path, key)
             except OSError:

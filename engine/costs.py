@@ -7,20 +7,25 @@ The adaptive tree (auto_tree.py) trades expected accepted tokens against time, s
                   besides drafting. T = 1 is an incremental step.
     c_draft(s)    one forward of speculator s (an SSM step over a few frontier nodes).
 
+It is kept as c_verify(T) = c1 * ratio(T):
+
+    c1        the median of the last WINDOW one-token steps (a longer prefix, a busier machine
+              move it within a few steps; one slow step does not)
+    ratio(T)  c_verify(T) / c1, per tree size the median of the last WINDOW observed ratios,
+              piecewise linear between observed sizes, extended by the last slope, and made
+              non-decreasing in T
+
+Medians, because this machine's step times jump by +-30 % from one step to the next.
+
 Where the numbers come from:
 
-1. `measure_verify` times the engine's own verification path on a synthetic prefix at
-   T = 1, 2, 4, 8, 16, 32 (the median of a few passes each); between grid points c_verify is
-   linear, beyond the grid it extends the last slope. This takes about a second and is cached in
-   a JSON file keyed by machine, model, quantisation, device and thread count (`CostKey`), so a
-   second start reads it back; any change of key re-measures.
-2. Every real step refines the curve online. One-token steps (the most frequent) move `drift`,
-   an exponential moving average of measured / tabulated c_verify(1), so a longer prefix
-   (attention grows with it) or a busier machine scales the whole curve:
-   `c_verify(T) = table(T) * drift`. A tree step of T nodes reshapes the curve instead: the two
-   grid points around T move toward its measured / predicted ratio r, each by its share of the
-   interpolation (table[t] *= 1 + EMA * weight * (r - 1)), so a table measured on a noisy
-   machine converges to what real steps cost.
+1. `calibrate.measure_costs` times the engine's own verification path on a synthetic prefix at
+   T = 1, 2, 4, 8, 16, 32 at load (about a second). They seed c1 and the ratios, and are cached
+   in a JSON file keyed by machine, model, quantisation, device and thread count (`CostKey`), so
+   a second start reads them back; any change of key re-measures.
+2. Every real step is an observation: a one-token step joins c1's window, a tree step of T
+   nodes adds ms / c1 to ratio(T)'s window. The load-time values count as one observation each,
+   so real steps take over after a few.
 3. Drafting costs are moving averages of measured SSM forwards, seeded at load.
 """
 
@@ -30,11 +35,14 @@ import hashlib
 import json
 import os
 import platform
+import statistics
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 GRID = (1, 2, 4, 8, 16, 32)  # tree sizes timed at load
-EMA = 0.1  # weight of one new observation in the moving averages
+WINDOW = 16  # observations per median
+EMA = 0.1  # weight of one new observation in the drafting costs' moving averages
 CACHE_VERSION = 1
 
 
@@ -57,28 +65,42 @@ class CostKey:
 class CostModel:
     verify_table: dict[int, float]  # T -> ms, measured at load (or read from the cache)
     prefix_len: int = 0  # the synthetic prefix length the table was measured at
-    drift: float = 1.0  # measured / tabulated, a moving average over real steps
     draft_ms: dict[str, float] = field(default_factory=dict)  # speculator -> ms per forward (EMA)
     measured_s: float = 0.0  # how long the load-time measurement took (0 when read from cache)
     from_cache: bool = False
-    noisy: bool = False  # the load-time passes varied too much to cache the table
+    noisy: bool = False  # the load-time passes of one size varied by more than 1.5x
     observations: int = 0  # real steps folded in
+    one_token: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # ms of recent one-token steps
+    ratios: dict[int, deque] = field(default_factory=dict)  # T -> recent c_verify(T) / c1
+
+    def __post_init__(self) -> None:
+        base = self.verify_table[min(self.verify_table)]
+        self.one_token.append(base)
+        for size, ms in self.verify_table.items():
+            if size > 1:
+                self.ratios.setdefault(size, deque(maxlen=WINDOW)).append(ms / base)
 
     # ------------------------------------------------------------------ queries
-    def table(self, size: int) -> float:
-        """Tabulated c_verify(size) in ms: piecewise linear through the grid, extended by the last slope."""
-        points = sorted(self.verify_table.items())
-        if size <= points[0][0]:
-            return points[0][1]
-        for (t0, c0), (t1, c1) in zip(points, points[1:]):
+    def c1(self) -> float:
+        return statistics.median(self.one_token)
+
+    def ratio(self, size: int) -> float:
+        """c_verify(size) / c1: through the medians of the observed sizes, non-decreasing in size."""
+        points, floor = [(1, 1.0)], 1.0
+        for t in sorted(self.ratios):
+            floor = max(floor, statistics.median(self.ratios[t]))
+            points.append((t, floor))
+        if size <= 1:
+            return 1.0
+        for (t0, r0), (t1, r1) in zip(points, points[1:]):
             if size <= t1:
-                return c0 + (c1 - c0) * (size - t0) / (t1 - t0)
-        (t0, c0), (t1, c1) = points[-2], points[-1]
-        return c1 + (c1 - c0) / (t1 - t0) * (size - t1)
+                return r0 + (r1 - r0) * (size - t0) / (t1 - t0)
+        (t0, r0), (t1, r1) = points[-2], points[-1]
+        return r1 + (r1 - r0) / (t1 - t0) * (size - t1)
 
     def verify(self, size: int) -> float:
-        """Predicted c_verify(size) in ms now (table scaled by the online drift)."""
-        return self.table(size) * self.drift
+        """Predicted c_verify(size) in ms now."""
+        return self.c1() * self.ratio(size)
 
     def draft(self, speculator: str) -> float:
         """Predicted ms of one forward of `speculator` (0 for an unmeasured one that costs nothing, e.g. n-gram)."""
@@ -90,16 +112,9 @@ class CostModel:
             return
         self.observations += 1
         if size <= 1:
-            self.drift += EMA * (ms / self.table(1) - self.drift)
-            return
-        ratio = ms / self.verify(size)
-        points = sorted(self.verify_table)
-        upper = next((t for t in points if t >= size), points[-1])
-        lower = max((t for t in points if t < upper), default=upper)
-        weight = 1.0 if upper == lower else (min(size, upper) - lower) / (upper - lower)
-        for point, share in ((lower, 1 - weight), (upper, weight)):
-            if point > 1 and share > 0:  # table[1] stays the anchor that drift scales
-                self.verify_table[point] *= 1 + EMA * share * (ratio - 1)
+            self.one_token.append(ms)
+        else:
+            self.ratios.setdefault(size, deque(maxlen=WINDOW)).append(ms / self.c1())
 
     def observe_draft(self, speculator: str, ms: float) -> None:
         old = self.draft_ms.get(speculator)
@@ -111,7 +126,6 @@ class CostModel:
             "verify_ms": {str(t): round(c, 3) for t, c in sorted(self.verify_table.items())},
             "verify_ms_now": {str(t): round(self.verify(t), 3) for t in (1, 2, 4, 8, 16, 32, 64)},
             "prefix_len": self.prefix_len,
-            "drift": round(self.drift, 4),
             "draft_ms": {k: round(v, 3) for k, v in self.draft_ms.items()},
             "measured_s": round(self.measured_s, 3),
             "from_cache": self.from_cache,

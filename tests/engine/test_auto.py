@@ -24,8 +24,6 @@ def test_cost_model_is_measured_once_per_key(engine, tmp_path):
     first = prepare_costs(engine, tmp_path, key)
     assert not first.from_cache and first.measured_s < 10
     assert first.verify(1) > 0 and first.verify(32) >= first.verify(1)  # non-decreasing in tree size
-    if first.noisy:
-        pytest.skip("the machine was too busy for the table to be cached")
     again = prepare_costs(engine, tmp_path, key)
     assert again.from_cache and again.verify_table == first.verify_table and again.measured_s == 0
     other = prepare_costs(engine, tmp_path, CostKey("smollm2-135m", "nf4", "cpu", 99))

@@ -123,7 +123,7 @@ def test_generate_with_vote_merge_and_two_speculators(embedded_dir, tmp_path):
     trace = tmp_path / "vote.jsonl"
     result = spectui(
         "generate", "Repeat exactly: red green blue red green blue red green blue", "--max-new-tokens", "24",
-        "--merge", "vote", "--ssm", str(embedded_dir), "--trace", str(trace),
+        "--merge", "vote", "--tree", "1,1,1", "--ssm", str(embedded_dir), "--trace", str(trace),  # a fixed tree: every speculator drafts
     )
     assert result.returncode == 0, result.stderr
     assert "red green blue" in result.stdout
