@@ -22,7 +22,7 @@ def engine(embedded_models):
 def test_cost_model_is_measured_once_per_key(engine, tmp_path):
     key = CostKey("smollm2-135m", "nf4", "cpu", torch.get_num_threads())
     first = prepare_costs(engine, tmp_path, key)
-    assert not first.from_cache and first.measured_s < 10
+    assert not first.from_cache and 0 < first.measured_s < 30  # about 1-4 s here; a loaded CI machine is slower
     assert first.verify(1) > 0 and first.verify(32) >= first.verify(1)  # non-decreasing in tree size
     again = prepare_costs(engine, tmp_path, key)
     assert again.from_cache and again.verify_table == first.verify_table and again.measured_s == 0
