@@ -32,7 +32,7 @@ AutoDrafting decides what to draft:
   is noticed;
 - it drafts depth by depth (top-3 under the root, top-2 below, the 2 best candidates fed each
   level) and stops when the next level's best hope, v(best frontier node) * a_next, per ms it would
-  add (one SSM forward + one more verified node) no longer beats the rate of the best tree so far.
+  add (one SSM forward + one more verified node) no longer beats R.
 """
 
 from __future__ import annotations
