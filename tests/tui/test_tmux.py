@@ -62,4 +62,3 @@ def test_chat_in_tmux(model_home):
     messages = store.messages(store.last().id)
     assert [m.role for m in messages] == ["user", "assistant"] and "Paris" in messages[1].content
     store.close()
-
