@@ -97,6 +97,11 @@ def select_nodes(tree: TokenTree, values: list[float], verify_ms: Callable[[int]
     return Plan(keep, 1.0 + chosen, draft_ms + verify_ms(sum(keep)))
 
 
+def named_evidence(tree: TokenTree, node: int, names: list[str]) -> dict[str, int]:
+    """Node's {speculator name: confidence bin}, as the acceptance model keys it."""
+    return {names[source]: conf_bin for source, conf_bin in tree.evidence[node].items()}
+
+
 @dataclass
 class AutoDrafting:
     costs: CostModel
@@ -116,7 +121,7 @@ class AutoDrafting:
 
     def predictor(self, tree: TokenTree, names: list[str]) -> Callable[[int], float]:
         def accept(i: int) -> float:
-            return self.acceptance.predict({names[s]: b for s, b in tree.evidence[i].items()}, tree.depths[i])
+            return self.acceptance.predict(named_evidence(tree, i, names), tree.depths[i])
         return accept
 
     def worth_running(self, name: str) -> bool:
@@ -171,7 +176,7 @@ class AutoDrafting:
         reached = {0, *accepted}
         for i in range(1, len(tree)):
             if tree.parents[i] in reached:
-                self.acceptance.observe({names[s]: b for s, b in tree.evidence[i].items()}, tree.depths[i], i in reached)
+                self.acceptance.observe(named_evidence(tree, i, names), tree.depths[i], i in reached)
         for name in ran:
             bit = 1 << names.index(name)
             alone = sum(1 for i in accepted if tree.sources[i] == bit)

@@ -74,6 +74,22 @@ class CachedModel:
         """Keep only these sequence positions of the cache, in this order (all layers)."""
         keep_positions(self.cache, positions, self.device)
 
+    def rewind(self, cached_ids: list[int], prompt_ids: list[int]) -> int:
+        """Keep the cache's prefix that `cached_ids` (the tokens it holds) shares with `prompt_ids`,
+        at most all but the prompt's last token (whose logits a prefill must compute); [] or
+        nothing shared resets it. Returns the kept length."""
+        shared = 0
+        for a, b in zip(cached_ids, prompt_ids):
+            if a != b:
+                break
+            shared += 1
+        kept = min(shared, len(prompt_ids) - 1, self.length)
+        if kept > 0:
+            self.crop(kept)
+        else:
+            self.reset()
+        return max(kept, 0)
+
     def crop(self, length: int) -> None:
         """Drop everything after the first `length` positions."""
         if self.length > length:

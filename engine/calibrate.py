@@ -72,8 +72,7 @@ def measure_drafter(drafter, prefix: list[int]) -> float:
     drafter.reset()
 
     def draft() -> None:  # a typical step: catch up one committed token, then draft two levels
-        drafter.runner.crop(len(prefix) - 1)
-        drafter.synced = min(drafter.synced, len(prefix) - 1)
+        drafter.rewind(prefix)  # the cache keeps all but the prefix's last token
         tree = TokenTree.with_root(prefix[-1])
         frontier = drafter.begin(prefix, tree, 0, 3)
         drafter.expand(tree, 0, frontier[:2], 2)

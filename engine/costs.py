@@ -72,6 +72,7 @@ class CostModel:
     observations: int = 0  # real steps folded in
     one_token: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # ms of recent one-token steps
     ratios: dict[int, deque] = field(default_factory=dict)  # T -> recent c_verify(T) / c1
+    _curve: tuple | None = field(default=None, repr=False)  # (c1, ratio points): medians, until the next observation
 
     def __post_init__(self) -> None:
         base = self.verify_table[min(self.verify_table)]
@@ -81,15 +82,22 @@ class CostModel:
                 self.ratios.setdefault(size, deque(maxlen=WINDOW)).append(ms / base)
 
     # ------------------------------------------------------------------ queries
+    def curve(self) -> tuple:
+        """(c1, [(T, ratio)...]): the medians, computed once per observation (the tree choice asks often)."""
+        if self._curve is None:
+            points, floor = [(1, 1.0)], 1.0
+            for t in sorted(self.ratios):
+                floor = max(floor, statistics.median(self.ratios[t]))
+                points.append((t, floor))
+            self._curve = (statistics.median(self.one_token), points)
+        return self._curve
+
     def c1(self) -> float:
-        return statistics.median(self.one_token)
+        return self.curve()[0]
 
     def ratio(self, size: int) -> float:
         """c_verify(size) / c1: through the medians of the observed sizes, non-decreasing in size."""
-        points, floor = [(1, 1.0)], 1.0
-        for t in sorted(self.ratios):
-            floor = max(floor, statistics.median(self.ratios[t]))
-            points.append((t, floor))
+        points = self.curve()[1]
         if size <= 1:
             return 1.0
         for (t0, r0), (t1, r1) in zip(points, points[1:]):
@@ -114,7 +122,9 @@ class CostModel:
         if size <= 1:
             self.one_token.append(ms)
         else:
-            self.ratios.setdefault(size, deque(maxlen=WINDOW)).append(ms / self.c1())
+            ratio = ms / self.c1()
+            self.ratios.setdefault(size, deque(maxlen=WINDOW)).append(ratio)
+        self._curve = None
 
     def observe_draft(self, speculator: str, ms: float) -> None:
         old = self.draft_ms.get(speculator)

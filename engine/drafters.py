@@ -27,35 +27,32 @@ class ModelDrafter:
     def __init__(self, name: str, model) -> None:
         self.name = name
         self.runner = CachedModel(model)
-        self.synced = 0  # committed tokens whose key/values sit in the SSM cache
-        self.ids: list[int] = []  # those tokens
+        self.ids: list[int] = []  # the committed tokens whose key/values sit in the SSM cache
+
+    @property
+    def synced(self) -> int:
+        return len(self.ids)
 
     def reset(self) -> None:
         self.runner.reset()
-        self.synced = 0
-        self.ids: list[int] = []  # the committed tokens in the SSM cache
+        self.ids = []
 
     def rewind(self, prompt_ids: list[int]) -> None:
         """Keep the SSM cache's prefix shared with `prompt_ids` (a new chat turn); [] resets."""
-        kept = 0
-        for a, b in zip(self.ids, prompt_ids):
-            if a != b:
-                break
-            kept += 1
-        kept = min(kept, len(prompt_ids) - 1, self.runner.length)
-        if kept <= 0:
+        self.ids = self.ids[: self.runner.rewind(self.ids, prompt_ids)]
+
+    def catch_up(self, committed: list[int]) -> torch.Tensor:
+        """Feed the committed tokens the SSM cache lacks; logits [1, V] at the newest one (the root)."""
+        if self.synced > len(committed) or self.runner.length != self.synced:
             self.reset()
-            return
-        self.runner.crop(kept)
-        self.synced, self.ids = kept, self.ids[:kept]
+        root_logits = self.runner.forward_chain(committed[self.synced :], last_only=True)  # [1, V]
+        self.ids = list(committed)
+        return root_logits
 
     def draft(self, committed: list[int], tree: TokenTree, source: int, shape: tuple[int, ...]) -> None:
         """Add this SSM's top-k expansion below tree's root (= committed[-1])."""
         runner = self.runner
-        if self.synced > len(committed) or runner.length != self.synced:
-            self.reset()
-        root_logits = runner.forward_chain(committed[self.synced :], last_only=True)[-1]  # [V]
-        self.synced, self.ids = len(committed), list(committed)
+        root_logits = self.catch_up(committed)[-1]  # [V]
         own = TokenTree.with_root(committed[-1])
         frontier, logits = [0], root_logits[None]  # logits[i] belongs to frontier[i]
         for depth, width in enumerate(shape):
@@ -79,11 +76,7 @@ class ModelDrafter:
         Returns the merged-tree ids of the new candidates. The SSM's own fed nodes are kept in
         `self.own` (root first, then every node fed so far, in feeding order: its cache order).
         """
-        runner = self.runner
-        if self.synced > len(committed) or runner.length != self.synced:
-            self.reset()
-        root_logits = runner.forward_chain(committed[self.synced :], last_only=True)  # [1, V]
-        self.synced, self.ids = len(committed), list(committed)
+        root_logits = self.catch_up(committed)  # [1, V]
         self.own = TokenTree.with_root(committed[-1])
         self.own_of = {0: 0}  # merged-tree id -> own-tree id, for fed nodes
         return self._hang(tree, source, [0], root_logits, width)

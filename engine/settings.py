@@ -55,8 +55,9 @@ def shape_nodes(shape: tuple[int, ...]) -> int:
 def check_shape(shape: tuple[int, ...], text: str) -> tuple[int, ...]:
     if not shape or any(w < 1 for w in shape) or len(shape) > 16:
         raise ValueError(f"--tree {text!r}: expected auto or 1 to 16 positive integers, e.g. 2,2,1,1")
-    if shape_nodes(shape) > FIXED_TREE_NODE_BUDGET:
-        raise ValueError(f"--tree {text!r}: {shape_nodes(shape)} nodes per speculator, more than the limit of {FIXED_TREE_NODE_BUDGET}")
+    nodes = shape_nodes(shape)
+    if nodes > FIXED_TREE_NODE_BUDGET:
+        raise ValueError(f"--tree {text!r}: {nodes} nodes per speculator, more than the limit of {FIXED_TREE_NODE_BUDGET}")
     return shape
 
 

@@ -123,7 +123,7 @@ class SpeculativeEngine:
             self.auto_drafting()
         committed = list(prompt_ids)
         start = time.perf_counter()
-        kept = self.rewind(committed if reuse else [])
+        kept = self.verifier.rewind(self.cached_ids, committed if reuse else [])
         for drafter in drafters:
             drafter.rewind(committed if reuse else [])
         self.cached_ids = []  # until this answer finishes, the cache holds nothing reusable
@@ -153,16 +153,6 @@ class SpeculativeEngine:
             step += 1
             start = time.perf_counter()
             result = self.speculate_step(committed, drafters, settings, generator)
-
-    def rewind(self, prompt_ids: list[int]) -> int:
-        """Crop the verifier cache to the prefix it shares with `prompt_ids` (at most all but the
-        last prompt token, whose logits the prefill must compute); returns the kept length."""
-        kept = min(common_prefix(self.cached_ids, prompt_ids), len(prompt_ids) - 1) if prompt_ids else 0
-        if kept > 0:
-            self.verifier.crop(kept)
-        else:
-            self.verifier.reset()
-        return max(kept, 0)
 
     def measure_speedup(self, event: StepEvent, result: StepResult, prefix_len: int, stats: RunningStats) -> None:
         """The answer's speed-up over incremental decoding so far, from timed steps (speedup.py)."""
@@ -196,13 +186,9 @@ class SpeculativeEngine:
         t2 = time.perf_counter()
         if self.cost_model is not None:
             self.cost_model.observe_verify(len(tree), (t2 - t1) * 1000)
-        if len(tree) > 1 or ran:
-            self.learn(tree, accepted, ran)
-        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran)
-
-    def learn(self, tree: TokenTree, accepted: list[int], ran: list[str]) -> None:
-        if self.auto is not None:
+        if self.auto is not None and (len(tree) > 1 or ran):
             self.auto.observe(tree, accepted, self.speculator_names, ran)
+        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran)
 
     def draft_tree(self, committed: list[int], drafters, settings) -> TokenTree:
         # Drafting every speculator into one tree is their union: TokenTree.add merges equal
@@ -230,6 +216,7 @@ class SpeculativeEngine:
             for i in range(1, len(tree)):
                 tree.verifier_probs[i] = float(probs[tree.parents[i], tree.tokens[i]])
         return accepted, bonus
+
     def commit_branch(self, tree: TokenTree, accepted: list[int]) -> None:
         prefix = self.verifier.length - len(tree)
         self.verifier.keep(list(range(prefix)) + [prefix + i for i in [0, *accepted]])
@@ -301,11 +288,3 @@ class SpeculativeEngine:
             for i in range(len(tree))
         ]
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
