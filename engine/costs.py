@@ -54,6 +54,7 @@ class CostKey:
     quant: str
     device: str
     threads: int
+    attention: str = "torch"  # the attention backend, which also decides the 4-bit path on CPU
     machine: str = field(default_factory=lambda: f"{platform.machine()}-{platform.processor()}-{os.cpu_count()}cpu")
 
     def digest(self) -> str:

@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from ..kernels.guarded_head import install_guarded_head
+from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
 from .presets import BUNDLED, EMBEDDED, Preset
 
 QUANTS = ("nf4", "fp4", "int8", "none")
@@ -166,9 +168,11 @@ def keep_fp32_compute(model) -> None:
     """Run 4-bit layers through dequantise + fp32 matmul on CPU.
 
     On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights at the first forward and then
-    computes in bf16 whatever compute dtype was asked for. Rounding activations to bf16 makes
-    the logits of a token depend on how many tokens share the forward (tree vs one token), so
-    near-ties flip. The fp32 path keeps tree verification token-identical to plain decoding.
+    computes in bf16 whatever compute dtype was asked for (3-6x faster than dequantising every
+    weight to fp32 on every forward). Rounding activations to bf16 magnifies any difference in
+    the last bits between a tree pass and a one-token pass, and SDPA has such differences, so
+    near-ties would flip. With the "exact" attention there are none (kernels/exact_attention.py)
+    and the fused path stays; any other attention keeps this fp32 path.
     """
     import bitsandbytes as bnb
 
@@ -201,7 +205,9 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"cannot load model from {folder}: {reason}") from None
-    if config is not None and device == "cpu":
+    if device == "cpu" and attn == EXACT_ATTENTION:
+        install_guarded_head(model)  # argmax-exact logits for tree passes (kernels/guarded_head.py)
+    elif config is not None and device == "cpu":
         keep_fp32_compute(model)
     return model.eval()
 
@@ -243,7 +249,7 @@ def load_models(
         raise ModelLoadError(f"--quant {quant!r}: use one of {', '.join(QUANTS)}", usage=True)
     device = pick_device(device)
     backend = resolve_backend(torch.device(device))
-    attn = register_tree_attention()
+    attn = register_tree_attention(backend)
 
     note = progress or (lambda stage, fraction=None: None)
     folder = locate(preset.verifier, progress)
@@ -281,7 +287,8 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
     if engine.drafters:
         note("measuring step costs", None)
         key = CostKey(model=f"{preset.name}:{preset.verifier}:{'+'.join(engine.speculator_names)}",
-                      quant=quant, device=models.device, threads=torch.get_num_threads())
+                      quant=quant, device=models.device, threads=torch.get_num_threads(),
+                      attention=models.attention_backend)
         prepare_costs(engine, cost_cache, key)
     return models, engine
 

@@ -1,9 +1,12 @@
 """Backend selection for tree attention, and the public `tree_attention` entry point.
 
-SPECTUI_ATTENTION=triton|torch|auto (default auto):
-  auto   -> Triton kernel for CUDA tensors (when triton imports), torch reference SDPA otherwise;
+SPECTUI_ATTENTION=triton|torch|exact|auto (default auto):
+  auto   -> exact on CPU; Triton kernel for CUDA tensors (when triton imports), else torch;
   triton -> the Triton kernel; on CPU tensors only under TRITON_INTERPRET=1 (numpy interpreter);
-  torch  -> the torch reference (masked SDPA), any device.
+  torch  -> the torch reference (masked SDPA), any device;
+  exact  -> layout-invariant float64 attention (exact_attention.py): a token's output has the
+            same bits in a tree pass as in a one-token decode, which keeps bitsandbytes' fused
+            bf16 4-bit kernel lossless on CPU.
 A request the machine cannot honour raises AttentionBackendError with one line saying why.
 """
 
@@ -17,7 +20,7 @@ import torch
 from .reference import check_tree_inputs, tree_attention_reference
 
 ENV_VAR = "SPECTUI_ATTENTION"
-CHOICES = ("auto", "triton", "torch")
+CHOICES = ("auto", "triton", "torch", "exact")
 
 
 class AttentionBackendError(RuntimeError):
@@ -39,7 +42,7 @@ def _interpret_enabled() -> bool:
 
 
 def resolve_backend(device: torch.device | str, requested: str | None = None) -> str:
-    """Return "triton" or "torch" for tensors on `device`.
+    """Return "triton", "torch" or "exact" for tensors on `device`.
 
     `requested` overrides the SPECTUI_ATTENTION environment variable (both default to "auto").
     """
@@ -48,9 +51,11 @@ def resolve_backend(device: torch.device | str, requested: str | None = None) ->
     choice = str(raw).strip().lower() or "auto"
     if choice not in CHOICES:
         raise AttentionBackendError(f"{ENV_VAR}={raw!r} is not one of {', '.join(CHOICES)}")
-    if choice == "torch":
-        return "torch"
+    if choice in ("torch", "exact"):
+        return choice
     if choice == "auto":
+        if device.type == "cpu":
+            return "exact"
         return "triton" if device.type == "cuda" and _triton_import_error() is None else "torch"
     # choice == "triton"
     err = _triton_import_error()
@@ -81,7 +86,7 @@ def tree_attention(
     q: [B, Hq, T, D]; k, v: [B, Hkv, prefix_len + T, D] (prefix, then the tree nodes; Hq % Hkv == 0);
     tree_mask: bool [B, T, T], True iff node j is node i or an ancestor of i. Node i attends to every
     prefix position and to the nodes its mask row allows. scale defaults to D ** -0.5.
-    backend: "triton" | "torch" | "auto" | None (None: SPECTUI_ATTENTION, default auto).
+    backend: "triton" | "torch" | "exact" | "auto" | None (None: SPECTUI_ATTENTION, default auto).
     Returns [B, Hq, T, D] in q's dtype. Raises ValueError on bad inputs, AttentionBackendError on a
     backend this machine cannot run.
     """
@@ -91,4 +96,9 @@ def tree_attention(
         from .triton_tree import tree_attention_triton
 
         return tree_attention_triton(q, k, v, tree_mask, prefix_len, scale)
+    if chosen == "exact":
+        from .exact_attention import exact_attention
+        from .reference import dense_tree_mask
+
+        return exact_attention(q, k, v, dense_tree_mask(tree_mask, prefix_len), scale)
     return tree_attention_reference(q, k, v, tree_mask, prefix_len, scale)

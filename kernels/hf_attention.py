@@ -24,9 +24,11 @@ import threading
 import torch
 
 from .backend import resolve_backend
+from .exact_attention import exact_attention
 from .reference import MAX_HEAD_DIM, MAX_TREE_NODES, MIN_HEAD_DIM, SUPPORTED_DTYPES, tree_attention_reference
 
 ATTN_NAME = "spectui_tree"
+EXACT_NAME = "spectui_exact"
 
 _state: dict = {"last_backend": None, "registered": False}
 # Per-thread one-entry cache: every layer of a forward gets the same mask tensor, so its prefix is
@@ -38,7 +40,7 @@ _local = threading.local()
 
 
 def last_backend() -> str | None:
-    """Which path the last `tree_attention_forward` call took: "triton", "torch" or "sdpa-fallback"."""
+    """Which path the last attention call took: "triton", "torch", "exact" or "sdpa-fallback"."""
     return _state["last_backend"]
 
 
@@ -121,13 +123,32 @@ def tree_attention_forward(
     return out, None
 
 
-def register_tree_attention() -> str:
-    """Register "spectui_tree" with transformers (idempotent); return the name for attn_implementation."""
+def exact_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention interface for the "exact" backend: every call -- prefill, one-token
+    decode, tree verification -- goes through the same layout-invariant attention, so a token's
+    output is the same bits however it was batched. Same arguments as `tree_attention_forward`;
+    returns (attn_output [B, T, Hq, D], None)."""
+    if dropout or any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "sliding_window")):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        _state["last_backend"] = "sdpa-fallback"
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    out = exact_attention(query, key, value, attention_mask, scaling)  # [B, Hq, T, D]
+    _state["last_backend"] = "exact"
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_tree_attention(backend: str = "auto") -> str:
+    """Register spectui's attention with transformers (idempotent); return the attn_implementation
+    name for `backend`: "spectui_exact" for "exact", else "spectui_tree" (Triton or masked SDPA)."""
     if not _state["registered"]:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
         AttentionInterface.register(ATTN_NAME, tree_attention_forward)
         AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+        AttentionInterface.register(EXACT_NAME, exact_attention_forward)
+        AttentionMaskInterface.register(EXACT_NAME, sdpa_mask)
         _state["registered"] = True
-    return ATTN_NAME
+    return EXACT_NAME if backend == "exact" else ATTN_NAME

@@ -39,7 +39,7 @@ def test_generate_answers_paris_with_summary(embedded_dir, tmp_path):
     assert "Paris" in result.stdout
     summary = result.stderr.strip().splitlines()[-1]
     assert "tokens/s" in summary and "tokens per verifier step" in summary and "acceptance" in summary
-    assert "attention torch" in summary and "nf4 on cpu" in summary
+    assert "attention exact" in summary and "nf4 on cpu" in summary
     info, events = read_trace(trace)
     assert info.model == "smollm2-135m" and info.ssms == ["smollm2-boost-1", "smollm2-boost-2", "ngram"]
     assert "".join(e.new_text for e in events).strip() == result.stdout.strip()

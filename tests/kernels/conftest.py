@@ -13,3 +13,23 @@ import pytest
 def _interpreted_triton(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("SPECTUI_ATTENTION", raising=False)  # a developer's shell setting must not leak in
+
+
+@pytest.fixture(scope="session")
+def tree_attention_models(embedded_dir):
+    """The embedded preset loaded with the "spectui_tree" attention (SPECTUI_ATTENTION=torch at
+    load): fp32 4-bit compute, attention through the Triton kernel or masked SDPA per call."""
+    import os
+
+    from spectui.engine.loading import load_models
+    from spectui.engine.presets import PRESETS
+
+    saved = os.environ.get("SPECTUI_ATTENTION")
+    os.environ["SPECTUI_ATTENTION"] = "torch"
+    try:
+        return load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu")
+    finally:
+        if saved is None:
+            os.environ.pop("SPECTUI_ATTENTION")
+        else:
+            os.environ["SPECTUI_ATTENTION"] = saved

@@ -1,7 +1,8 @@
 """End to end: the verifier's tree steps through the Triton kernel (interpreted on CPU) produce
 the same greedy tokens as the torch backend, on the embedded default model.
 
-SPECTUI_ATTENTION is read at every attention call, so one loaded model serves both runs.
+The model is loaded with the "spectui_tree" attention, which reads SPECTUI_ATTENTION at every call,
+so one loaded model serves both runs.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def run(models, prompt, monkeypatch, backend):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_triton_backend_matches_torch_backend(embedded_models, monkeypatch, prompt):
-    torch_tokens, _ = run(embedded_models, prompt, monkeypatch, "torch")
+def test_triton_backend_matches_torch_backend(tree_attention_models, monkeypatch, prompt):
+    torch_tokens, _ = run(tree_attention_models, prompt, monkeypatch, "torch")
     assert last_backend() in ("torch", "sdpa-fallback")
-    triton_tokens, tree_steps = run(embedded_models, prompt, monkeypatch, "triton")
+    triton_tokens, tree_steps = run(tree_attention_models, prompt, monkeypatch, "triton")
     assert tree_steps > 0, "no tree step ran, so the kernel was not exercised"
     assert triton_tokens == torch_tokens

@@ -196,11 +196,12 @@ def test_bad_inputs_raise_value_error(case, message, fn):
 
 
 def test_backend_resolution(monkeypatch):
-    assert resolve_backend("cpu") == "torch"  # auto on CPU, even with TRITON_INTERPRET=1
+    assert resolve_backend("cpu") == "exact"  # auto on CPU, even with TRITON_INTERPRET=1
     assert resolve_backend(torch.device("cuda")) == "triton"  # auto on CUDA, triton importable
     assert resolve_backend("cpu", "triton") == "triton"  # interpreter allowed (conftest sets it)
     monkeypatch.setenv("SPECTUI_ATTENTION", "torch")
     assert resolve_backend(torch.device("cuda")) == "torch"
+    assert resolve_backend("cpu", "exact") == "exact"
     monkeypatch.setenv("SPECTUI_ATTENTION", "Triton ")
     assert resolve_backend("cpu") == "triton"
 

@@ -1,0 +1,70 @@
+"""Layout-invariant attention for CPU: every query row's output depends only on that row and the
+keys it may see, never on how many other rows share the call or where masked keys sit.
+
+Why it exists. On CPUs with AVX512-BF16, bitsandbytes runs 4-bit layers through a fused kernel
+that rounds each activation row to bf16. That kernel is row-independent (a row gives the same bits
+whether it is computed alone or among 64), but rounding to bf16 magnifies any upstream difference
+of one fp32 ulp into one bf16 ulp, and 30 layers compound it. SDPA is such a source: a token's
+attention output differs in the last bits between a tree pass (T queries, masked keys interleaved)
+and a one-token decode (1 query, contiguous keys). Measured on SmolLM2-135M NF4: logits of a
+32-token chain in one pass differ from 32 one-token passes by up to 0.47, enough to flip a greedy
+token now and then. With this attention the difference is exactly 0.
+
+How. Scores, softmax and the weighted sum run in float64 and the result is rounded once to the
+input dtype:
+
+    s_j = scale * q . k_j              (float64; masked keys get -inf, so exp(s_j - m) = 0 exactly)
+    m   = max_j s_j                    (exact in any order)
+    out = (sum_j e^(s_j - m) v_j) / (sum_j e^(s_j - m))       -> rounded to fp32
+
+Reordering a float64 sum of float32-derived terms moves it by about 1e-16 relative, 2^29 times
+below one fp32 ulp, so the final rounding lands on the same fp32 value except when the exact
+result sits within that distance of a rounding boundary (about one element in 10^8). Tests check
+bitwise equality of tree-pass and one-token logits on the real model.
+
+Cost: the float64 matmuls are small (T x S x D per head); converting the cache's keys and values
+to float64 costs O(S) per layer and step, a few ms per 1,000 prefix tokens on two cores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def exact_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """query [B, Hq, T, D]; key/value [B, Hkv, S, D] (Hq % Hkv == 0, query head h reads kv head
+    h // (Hq / Hkv)); mask None (causal, the T queries being the last T positions), bool
+    [B|1, 1|Hq, T, S] (True = attend) or additive float of that shape. Returns [B, Hq, T, D] in
+    query's dtype."""
+    B, Hq, T, D = query.shape
+    Hkv, S = key.shape[1], key.shape[2]
+    G = Hq // Hkv
+    scale = D**-0.5 if scale is None else scale
+    q = query.to(torch.float64).reshape(B, Hkv, G * T, D)  # heads grouped by their kv head
+    k = key.to(torch.float64)  # [B, Hkv, S, D]
+    v = value.to(torch.float64)
+    scores = (q @ k.transpose(-1, -2)).mul_(scale).view(B, Hkv, G, T, S)
+    if mask is None:
+        if T > 1:  # query i sits at position S - T + i and sees keys 0 .. S - T + i
+            i = torch.arange(T, device=query.device)[:, None] + (S - T)
+            j = torch.arange(S, device=query.device)[None, :]
+            scores.masked_fill_(j > i, float("-inf"))
+    else:
+        m = mask.reshape(mask.shape[0], -1, mask.shape[-2], mask.shape[-1])  # [B|1, 1|Hq, T, S]
+        m = m.reshape(m.shape[0], Hkv if m.shape[1] == Hq else 1, G if m.shape[1] == Hq else 1, T, S)
+        if m.dtype == torch.bool:
+            scores.masked_fill_(~m, float("-inf"))
+        else:
+            scores.add_(m.to(torch.float64))
+    probs = torch.softmax(scores, dim=-1)
+    if mask is not None and not bool((scores[..., :1] > float("-inf")).all()):
+        probs.nan_to_num_(0.0)  # a row that may see nothing (left padding in a batch) attends to nothing
+    probs = probs.view(B, Hkv, G * T, S)
+    out = probs @ v  # [B, Hkv, G*T, D]
+    return out.view(B, Hq, T, D).to(query.dtype)

@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+# Usage: .venv/bin/python scripts/profile_step.py [--prefix 200 1000] [--tree 1 8 64] [--repeats 7]
+#        (SPECTUI_ATTENTION=torch profiles the fp32 path the engine used before the exact one)
+"""Where a verifier pass spends its time: one verify step (tree forward + greedy acceptance + cache
+compaction) of T chain nodes after a prefix, split by module with forward hooks:
+
+  4-bit linears   every bitsandbytes Linear4bit (q/k/v/o, gate/up/down): weight handling + matmul
+  output layer    lm_head (fp32, vocabulary x hidden)
+  attention       the attention function (scores, softmax, weighted sum), rotary excluded
+  rest of model   the forward minus the above: embedding, norms, rotary, activations, residuals,
+                  transformers' Python and dispatch
+  engine          the step minus the forward: masks, positions, acceptance, cache compaction
+
+Medians over repeats, in ms. The hooks cost a few microseconds each (about 1 ms per pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prefix", type=int, nargs="+", default=[200, 1000])
+    ap.add_argument("--tree", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import bitsandbytes as bnb
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from spectui.engine.accept import accept_greedy
+    from spectui.engine.loading import build_engine, load_models
+    from spectui.engine.presets import PRESETS
+    from spectui.engine.tree import TokenTree
+
+    models = load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu")
+    engine = build_engine(models, ngram=False)
+    model = models.verifier
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(name):
+        def pre(_module, _args):
+            _module._t0 = time.perf_counter()
+
+        def post(_module, _args, _out):
+            spent[name] += time.perf_counter() - _module._t0
+        return pre, post
+
+    for module in model.modules():
+        name = ("4-bit linears" if isinstance(module, bnb.nn.Linear4bit)
+                else "output layer" if module is model.lm_head else None)
+        if name:
+            pre, post = timed(name)
+            module.register_forward_pre_hook(pre)
+            module.register_forward_hook(post)
+    impl = model.config._attn_implementation
+    inner = ALL_ATTENTION_FUNCTIONS[impl]
+
+    def attention(*a, **kw):
+        t0 = time.perf_counter()
+        out = inner(*a, **kw)
+        spent["attention"] += time.perf_counter() - t0
+        return out
+    ALL_ATTENTION_FUNCTIONS[impl] = attention  # the layers look the function up at every call
+    forward = model.forward
+
+    def whole(*a, **kw):
+        t0 = time.perf_counter()
+        out = forward(*a, **kw)
+        spent["forward"] += time.perf_counter() - t0
+        return out
+    model.forward = whole
+
+    verifier = engine.verifier
+    g = torch.Generator().manual_seed(0)
+    print(f"attention {models.attention_backend}, {args.threads} threads, median of {args.repeats} steps, ms\n")
+    print("| prefix | T | step | 4-bit linears | output layer | attention | rest of model | engine |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for prefix_len in args.prefix:
+        prefix = torch.randint(100, 40000, (prefix_len,), generator=g).tolist()
+        verifier.reset()
+        verifier.forward_chain(prefix[:-1], last_only=True)
+        base = verifier.length
+        for T in args.tree:
+            rows = defaultdict(list)
+            for rep in range(args.repeats + 1):
+                spent.clear()
+                tree = TokenTree.with_root(prefix[-1])
+                tree.add_path(torch.randint(100, 40000, (T - 1,), generator=g).tolist(), 0)
+                t0 = time.perf_counter()
+                accept_greedy(tree, engine.score_tree(tree))
+                verifier.crop(base)
+                step = time.perf_counter() - t0
+                if rep == 0:
+                    continue  # the first pass of a shape allocates
+                parts = {k: v * 1000 for k, v in spent.items()}
+                rows["step"].append(step * 1000)
+                for k in ("4-bit linears", "output layer", "attention"):
+                    rows[k].append(parts.get(k, 0.0))
+                rows["rest"].append(parts["forward"] - sum(parts.get(k, 0.0) for k in ("4-bit linears", "output layer", "attention")))
+                rows["engine"].append(step * 1000 - parts["forward"])
+            med = {k: statistics.median(v) for k, v in rows.items()}
+            print(f"| {prefix_len} | {T} | {med['step']:.1f} | {med['4-bit linears']:.1f} | {med['output layer']:.1f} "
+                  f"| {med['attention']:.1f} | {med['rest']:.1f} | {med['engine']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
