@@ -111,3 +111,14 @@ def test_a_row_that_may_see_nothing_gives_zeros():
     out = exact_attention(q, k, v, mask)
     assert torch.equal(out[1, :, :2], torch.zeros_like(out[1, :, :2]))  # pad rows see nothing
     assert torch.isfinite(out).all() and out[1, :, 2:].abs().sum() > 0
+
+
+def test_a_long_causal_prefill_is_chunked_without_changing_a_bit():
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 6, 300, 64, generator=g)
+    k = torch.randn(1, 2, 310, 64, generator=g)
+    v = torch.randn(1, 2, 310, 64, generator=g)
+    whole = exact_attention(q, k, v, None)  # chunks of 128 queries
+    causal = torch.ones(300, 310, dtype=torch.bool).tril(10)[None, None]
+    assert torch.equal(whole, exact_attention(q, k, v, causal))  # one block, explicit mask
+    assert torch.equal(whole[:, :, 200:201], exact_attention(q[:, :, 200:201], k[:, :, :211], v[:, :, :211], None))
