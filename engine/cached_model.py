@@ -16,6 +16,8 @@ node would get from a plain forward over its root-to-node chain.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .kv_cache import keep_positions, new_cache
@@ -27,6 +29,8 @@ class CachedModel:
         self.model = model
         self.device = next(model.parameters()).device
         self.cache = new_cache(model.config)
+        # transformers renamed forward's `past_key_values` to `cache` (5.2x; the old name warns)
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @property
     def length(self) -> int:
@@ -44,9 +48,9 @@ class CachedModel:
         out = self.model(
             input_ids=ids,
             position_ids=positions,
-            past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            **{self.cache_arg: self.cache},
         )
         return out.logits[0].float()
 
@@ -65,7 +69,7 @@ class CachedModel:
         full = tree.attention_mask(prefix_len, self.device)  # [1, 1, N, prefix + N]
         mask = full[:, :, nodes, : prefix_len + nodes[-1] + 1]  # [1, 1, T, prefix + first + T]
         out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
+            input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **{self.cache_arg: self.cache}
         )
         return out.logits[0].float()
 

@@ -18,7 +18,7 @@ from .costs import GRID, CostKey, CostModel, cache_path
 from .tree import TokenTree
 
 PREFIX_LEN = 160  # tokens: a short chat turn
-REPEATS = 3
+REPEATS = 2  # with the untimed pass, 3 forwards per size: the warm-up stays under 2 s
 NOISY_SPREAD = 1.5  # slowest / fastest pass of one size above this: the machine was busy (reported)
 
 

@@ -14,7 +14,9 @@ nothing: exactly what incremental decoding does. For an answer,
 With speculation off every step is pure, so the figure is 1 by construction. Nothing is
 estimated from tree passes: c1 is timed. `PureSteps.needs_calibration` tells the engine when its
 pure steps are too old (MAX_AGE steps) or were timed at a prefix too far from the current one
-(MAX_PREFIX_GAP tokens); the engine then takes a pure step itself.
+(MAX_PREFIX_GAP tokens), or while fewer than MIN_PURE of them are near enough for a median (one
+step can be 2x off on this machine, and a slow reference would flatter); the engine then takes a
+pure step itself.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 PURE_WINDOW = 8
+MIN_PURE = 3  # pure steps near the prefix before their median is trusted
 MAX_AGE = 32
 MAX_PREFIX_GAP = 256
 
@@ -36,7 +39,8 @@ class PureSteps:
     steps: int = 0  # decode steps taken by the engine, all answers
 
     def needs_calibration(self, prefix_len: int) -> bool:
-        if not self.recent:
+        near = [prefix for _, prefix, _ in self.recent if abs(prefix - prefix_len) <= MAX_PREFIX_GAP]
+        if len(near) < MIN_PURE:
             return True
         step, prefix, _ = self.recent[-1]
         return self.steps - step >= MAX_AGE or abs(prefix_len - prefix) > MAX_PREFIX_GAP

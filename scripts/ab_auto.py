@@ -8,7 +8,11 @@ from spectui.engine.chat import encode_chat
 from spectui.engine.settings import GenerationSettings
 torch.set_num_threads(2)
 from spectui import paths
-models, engine = load_engine("smollm2-135m", cost_cache=paths.cache_dir() / "costs")
+import os
+import spectui.engine.loading as loading
+if os.environ.get("AB_SSM_DTYPE"):  # compare SSM dtypes: AB_SSM_DTYPE=float32 (own cost cache)
+    loading.drafter_dtype = lambda device: getattr(torch, os.environ["AB_SSM_DTYPE"])
+models, engine = load_engine("smollm2-135m", cost_cache=paths.cache_dir() / f"costs{os.environ.get('AB_SSM_DTYPE', '')}")
 path, per, N, ROUNDS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rows = [json.loads(l) for l in open(path)]
 seen = {}; prompts = []

@@ -8,7 +8,7 @@ import pytest
 
 from spectui.engine.acceptance_model import AcceptanceModel, prob_bin
 from spectui.engine.costs import WINDOW, CostKey, CostModel, cache_path
-from spectui.engine.speedup import MAX_AGE, MAX_PREFIX_GAP, PureSteps, SpeedupMeter
+from spectui.engine.speedup import MAX_AGE, MAX_PREFIX_GAP, MIN_PURE, PureSteps, SpeedupMeter
 
 
 def model() -> CostModel:
@@ -77,8 +77,9 @@ def test_speedup_is_one_for_pure_steps_and_measured_otherwise():
 
 def test_pure_steps_ask_for_calibration_when_stale():
     pure = PureSteps()
-    assert pure.needs_calibration(100)
-    pure.record(100, 50.0, pure=True)
+    for _ in range(MIN_PURE):
+        assert pure.needs_calibration(100)  # one timed step is not a reference to trust yet
+        pure.record(100, 50.0, pure=True)
     assert not pure.needs_calibration(100)
     assert pure.needs_calibration(100 + MAX_PREFIX_GAP + 1)
     for _ in range(MAX_AGE):
