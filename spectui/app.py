@@ -24,7 +24,7 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from . import paths
-from .config import Config, load_config, save_config
+from .config import GENERATION, Config, ConfigError, load_config, save_config
 from .engine.settings import GenerationSettings
 from .engine.worker import EngineWorker, LoadRequest, WorkerError, default_log_file
 from .engine.worker import prepare as prepare_engine_process
@@ -33,7 +33,7 @@ from .replay import ReplayCursor
 from .screens.chat import ChatScreen, ReplayScreen
 from .screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen, TextPromptScreen
 from .screens.loading import LoadingScreen
-from .store import ConversationRecord, Store, export_markdown
+from .store import ConversationRecord, Store, export_file
 from .themes import STYLESHEET, THEMES
 
 
@@ -60,8 +60,8 @@ class SpecTuiApp(App):
         super().__init__()
         self.model_spec, self.ssm_specs, self.quant, self.device_spec = model, tuple(ssms), quant, device
         self.seed, self.system_override, self.trace = seed, system, trace
-        self.config: Config = load_config(paths.config_file())
-        for name, value in (overrides or {}).items():
+        self.config: Config = load_config(paths.config_file())  # this session's; the file changes only in remember()
+        for name, value in (overrides or {}).items():  # command-line flags: this session only
             setattr(self.config, name, value)
         if step_mode is not None:
             self.config.step_mode = step_mode
@@ -90,6 +90,7 @@ class SpecTuiApp(App):
         for theme in THEMES:
             self.register_theme(theme)
         self.theme = self.config.theme if self.config.theme in self.available_themes else "spectui-dark"
+        self.config.theme = self.theme  # an unknown theme stays in the file; the signal below only saves a new choice
         self.theme_changed_signal.subscribe(self, self.on_theme_changed)
 
     async def on_ready(self) -> None:
@@ -369,17 +370,15 @@ class SpecTuiApp(App):
 
     # ---- view toggles, settings, themes
     def action_toggle_step_mode(self) -> None:
-        self.config.step_mode = not self.config.step_mode
+        self.remember(step_mode=not self.config.step_mode)
         self.chat.set_step_mode(self.config.step_mode)
         if self.engine is not None:
             self.engine.set_step_mode(self.config.step_mode)
-        self.save_config()
         self.notify(f"step mode {'on: f6 advances one verifier step' if self.config.step_mode else 'off'}")
 
     def action_toggle_origins(self) -> None:
-        self.config.colour_origins = not self.config.colour_origins
+        self.remember(colour_origins=not self.config.colour_origins)
         self.chat.set_colour_origins(self.config.colour_origins)
-        self.save_config()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -393,28 +392,32 @@ class SpecTuiApp(App):
     def on_settings_saved(self, result) -> None:
         if not result:
             return
-        config, system = result
-        config.theme, config.step_mode, config.colour_origins = self.theme, self.config.step_mode, self.config.colour_origins
-        self.config = config
-        self.save_config()
+        config, system = result  # only the values changed in the screen are saved, not the session's flags
+        saved = self.remember(**{name: getattr(config, name) for name in GENERATION if getattr(config, name) != getattr(self.config, name)})
         if self.record is None:
             self.record = self.store.create(system=system)
         else:
             self.store.set_system(self.record.id, system)
             self.record.system = system
-        self.notify("settings saved")
+        if saved:
+            self.notify("settings saved")
 
     def on_theme_changed(self, theme) -> None:
-        self.config.theme = theme.name
-        self.save_config()
+        if theme.name != self.config.theme:  # also signalled for the theme set at start
+            self.remember(theme=theme.name)
 
-    def save_config(self) -> None:
-        if self.replay_cursor:
-            return
+    def remember(self, **changes) -> bool:
+        """Settings the user chose in the app: this session, and these keys in the config file."""
+        for name, value in changes.items():
+            setattr(self.config, name, value)
+        if self.replay_cursor or not changes:
+            return True
         try:
-            save_config(paths.config_file(), self.config)
-        except OSError as exc:
-            self.notify(f"cannot save the config: {exc}", severity="error")
+            save_config(paths.config_file(), changes)
+        except ConfigError as exc:
+            self.notify(str(exc), title="Settings not saved", severity="error", timeout=15)
+            return False
+        return True
 
     # ---- clipboard and export
     def action_copy_answer(self) -> None:
@@ -429,11 +432,11 @@ class SpecTuiApp(App):
         if self.store is None or self.record is None:
             self.notify("nothing to export yet", severity="warning")
             return
-        folder = paths.data_dir() / "exports"
-        folder.mkdir(parents=True, exist_ok=True)
-        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.record.title)[:40].strip("-") or "chat"
-        target = folder / f"{self.record.id}-{safe}.md"
-        target.write_text(export_markdown(self.record, self.store.messages(self.record.id)), encoding="utf-8")
+        try:
+            target = export_file(paths.exports_dir(), self.record, self.store.messages(self.record.id))
+        except OSError as exc:
+            self.notify(f"cannot export to {paths.exports_dir()}: {exc.strerror or exc}", severity="error")
+            return
         self.notify(f"exported to {target}")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

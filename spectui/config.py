@@ -1,16 +1,29 @@
 """The user's config file (`paths.config_file()`, TOML): theme, view toggles, generation defaults.
 
-Read with tomllib; written by hand (flat keys, strings, numbers and booleans are all it holds).
-A config that cannot be read falls back to the defaults and says why in `Config.notice`.
+Read with tomllib. Written only when the user chooses a setting in the app (settings screen,
+a toggle, a theme), and then only the chosen keys change: `update_toml` rewrites those keys'
+statements in the existing text, or adds them, and keeps every other line (comments, keys and
+tables it does not know). A file that is not valid TOML is never written: the app runs on the
+defaults and says why (`Config.notice`). Command-line flags change the session, not the file.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .engine.settings import DEFAULT_MERGE, OLD_DEFAULT_TREES, GenerationSettings, parse_tree, tree_text
+from .paths import write_private
+
+GENERATION = ("temperature", "top_p", "tree", "speculate", "merge", "max_new_tokens")
+HEADER = "# spectui settings: the app rewrites only the keys you change in it and keeps everything else\n"
+ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+class ConfigError(Exception):
+    """The config file could not be written; one line for the user."""
 
 
 @dataclass
@@ -24,7 +37,7 @@ class Config:
     speculate: bool = True
     merge: str = DEFAULT_MERGE  # how several speculators' trees merge: union or vote
     max_new_tokens: int = 256
-    notice: str | None = None  # not saved: why the file was ignored
+    notice: str | None = None  # not saved: why (part of) the file was ignored
 
     def settings(self, seed: int | None = None) -> GenerationSettings:
         """GenerationSettings from these values (ValueError when one is out of range)."""
@@ -39,12 +52,15 @@ class Config:
         )
 
 
+SAVED = tuple(f.name for f in fields(Config) if f.name != "notice")
+
+
 def toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    text = "".join(ESCAPES.get(c, f"\\u{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in str(value))
     return f'"{text}"'
 
 
@@ -54,17 +70,21 @@ def load_config(path: Path) -> Config:
         return config
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        config.notice = f"config {path} ignored: {exc}"
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        config.notice = f"config {path} ignored, not valid TOML ({exc}): using the defaults; the file is left as it is"
         return config
-    for f in fields(Config):
-        if f.name == "notice" or f.name not in data:
+    except OSError as exc:
+        config.notice = f"config {path} ignored, cannot be read ({exc.strerror or exc}): using the defaults"
+        return config
+    for name in SAVED:
+        if name not in data:
             continue
-        value, default = data[f.name], getattr(config, f.name)
-        if isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, (type(default), int)):
-            config.notice = f"config {path}: {f.name} = {value!r} ignored (expected {type(default).__name__})"
+        value, default = data[name], getattr(config, name)
+        same = isinstance(value, type(default)) or (type(default) is float and isinstance(value, int))
+        if isinstance(default, bool) != isinstance(value, bool) or not same:
+            config.notice = f"config {path}: {name} = {value!r} ignored (expected {type(default).__name__})"
             continue
-        setattr(config, f.name, type(default)(value))
+        setattr(config, name, type(default)(value))
     if config.tree in {tree_text(shape) for shape in OLD_DEFAULT_TREES}:
         config.tree = tree_text()  # an earlier default, saved with the settings: the default is now auto
     try:
@@ -72,15 +92,99 @@ def load_config(path: Path) -> Config:
     except ValueError as exc:
         config.notice = f"config {path}: generation settings ignored: {exc}"
         defaults = Config()
-        for name in ("temperature", "top_p", "tree", "speculate", "merge", "max_new_tokens"):
+        for name in GENERATION:
             setattr(config, name, getattr(defaults, name))
     return config
 
 
-def save_config(path: Path, config: Config) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["# spectui settings (written by the app)"]
-    lines += [f"{name} = {toml_value(value)}" for name, value in asdict(config).items() if name != "notice"]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(path)
+def save_config(path: Path, changes: dict) -> None:
+    """Write these settings into the config file, keeping every other line (ConfigError when it cannot)."""
+    path = Path(path)
+    unknown = set(changes) - set(SAVED)
+    if unknown:
+        raise ValueError(f"not config settings: {sorted(unknown)}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = HEADER
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config {path} not saved: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        write_private(path, update_toml(text, changes))
+    except ValueError as exc:
+        raise ConfigError(f"config {path} not saved: {exc}; the settings apply to this session") from None
+    except OSError as exc:
+        raise ConfigError(f"config {path} not saved: {exc.strerror or exc}") from None
+
+
+def _parse(text: str) -> dict | None:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
+def _statements(lines: list[str]) -> list[tuple[int, int]]:
+    """[first, end) line spans of the statements (key/value or table header); a span is the
+    shortest run of lines from its first that parses on its own (multi-line strings, arrays)."""
+    spans, i = [], 0
+    while i < len(lines):
+        if not lines[i].strip() or lines[i].lstrip().startswith("#"):
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines) + 1) if _parse("".join(lines[i:j])) is not None), None)
+        if end is None:
+            raise ValueError(f"line {i + 1} cannot be read")
+        spans.append((i, end))
+        i = end
+    return spans
+
+
+def _trailing_comment(line: str) -> str:
+    """The `  # ...` after a one-line key/value statement, or ''."""
+    for k, char in enumerate(line):
+        if char == "#" and _parse(line[:k]):
+            return line[len(line[:k].rstrip()):]
+    return ""
+
+
+def update_toml(text: str, changes: dict) -> str:
+    """`text` with these top-level keys set; every other line kept. ValueError when it is not valid TOML."""
+    try:
+        before = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"it is not valid TOML ({exc}); fix or remove it") from None
+    newline = "\r\n" if "\r\n" in text else "\n"
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines[-1] += newline
+    spans = _statements(lines)
+    header = next((n for n, (i, _) in enumerate(spans) if lines[i].lstrip().startswith("[")), len(spans))
+    top = spans[:header]
+    edits, added = [], []  # (first, end, new lines), applied bottom-up so earlier spans stay valid
+    for key, value in changes.items():
+        pattern = re.compile(rf"""^[ \t]*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')[ \t]*=[ \t]*""")
+        found = next(((i, end) for i, end in top if pattern.match(lines[i])), None)
+        if found is None:
+            added.append(f"{key} = {toml_value(value)}{newline}")
+            continue
+        i, end = found
+        body = lines[i].rstrip("\r\n")
+        comment = _trailing_comment(body) if end == i + 1 else ""
+        edits.append((i, end, [f"{pattern.match(body).group(0)}{toml_value(value)}{comment}{newline}"]))
+    if added:
+        if top:
+            at = top[-1][1]
+        elif header < len(spans):
+            at = spans[header][0]
+            while at > 0 and lines[at - 1].lstrip().startswith("#"):
+                at -= 1  # a header's comment stays with its header
+        else:
+            at = len(lines)
+        edits.append((at, at, added))
+    for i, end, new in sorted(edits, key=lambda edit: edit[0], reverse=True):
+        lines[i:end] = new
+    result = "".join(lines)
+    if _parse(result) != {**before, **changes}:
+        raise ValueError("it cannot be updated without changing other entries")
+    return result

@@ -1,38 +1,58 @@
 """Chat history in SQLite: conversations, their messages and which one was open last.
 
-One file (`paths.history_db()`), two tables and a key/value `meta` table. Every write commits
-at once, so a crash or a failed generation never loses what was already said. A database that
-cannot be opened or read (corrupt, not SQLite, wrong schema) is renamed aside to
-`history.sqlite3.broken-<time>` and a fresh one is started; `Store.notice` says so, and the app
-shows it, instead of crashing.
+One file (`paths.history_db()`, 0600 in a 0700 folder), WAL journal, one transaction per write
+(a message and its conversation's timestamp together), so a killed app keeps every message it
+committed. `PRAGMA user_version` is the schema version; `MIGRATIONS` brings an older file up to
+date, one transaction per step. The app never stops over its history:
+- damaged (not SQLite, a malformed page, wrong tables): renamed aside to
+  `history.sqlite3.broken-<time>` (never deleted) and a fresh one started;
+- cannot be written (read-only file or folder), or made by a newer spectui: left untouched;
+  the session runs on an in-memory copy and nothing new is saved.
+`Store.notice` says which, in one line, and the app shows it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    title TEXT NOT NULL,
-    system TEXT,
-    created REAL NOT NULL,
-    updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    origins TEXT,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-"""
+from .paths import private_file, write_private
+
+MIGRATIONS = {  # version -> statements that bring version-1 to it; version 0 files of old spectui have the v1 tables
+    1: [
+        """CREATE TABLE IF NOT EXISTS conversations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            title TEXT NOT NULL,
+            system TEXT,
+            created REAL NOT NULL,
+            updated REAL NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            origins TEXT,
+            created REAL NOT NULL)""",
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)",
+    ],
+    2: ["CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id)"],
+}
+SCHEMA_VERSION = max(MIGRATIONS)
+REQUIRED = {"conversations": {"id", "title", "system", "updated"}, "messages": {"conversation_id", "role", "content", "origins"}}
+DAMAGED_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+class Damaged(sqlite3.DatabaseError):
+    """The file is not a usable history: set it aside."""
+
+
+class TooNew(sqlite3.DatabaseError):
+    """Written by a newer spectui: leave it alone."""
 
 
 @dataclass
@@ -50,47 +70,151 @@ class ConversationRecord:
     updated: float = 0.0
 
 
+def _damaged(exc: Exception) -> bool:
+    if isinstance(exc, Damaged):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in DAMAGED_CODES
+    return isinstance(exc, sqlite3.DatabaseError) and any(s in str(exc) for s in ("malformed", "not a database"))
+
+
+def _reason(exc: Exception) -> str:
+    return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).splitlines()[0]
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    """Check the file and migrate it to SCHEMA_VERSION (Damaged, TooNew, or sqlite3 errors)."""
+    problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+    if problems != ["ok"]:
+        raise Damaged(f"integrity check: {problems[0]}")
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise TooNew(f"schema {version}, this spectui knows up to {SCHEMA_VERSION}")
+    for table, columns in REQUIRED.items():
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if have and not columns <= have:
+            raise Damaged(f"table {table} lacks columns {sorted(columns - have)}")
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        with _transaction(db):
+            for statement in MIGRATIONS[step]:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {step}")
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection):
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _connect(target: str, uri: bool = False) -> sqlite3.Connection:
+    db = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False)  # transactions are explicit
+    db.execute("PRAGMA busy_timeout = 5000")
+    db.execute("PRAGMA foreign_keys = ON")
+    return db
+
+
 class Store:
-    """The history database; every method commits."""
+    """The history database; every write is one committed transaction."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.notice: str | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.persistent = True  # False: an in-memory stand-in, nothing reaches the file
         try:
-            self.db = self._open()
-        except sqlite3.DatabaseError as exc:
-            aside = self.path.with_name(f"{self.path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
-            self.path.rename(aside)
-            self.notice = f"the chat history could not be read ({exc}); it was moved to {aside} and a new one started"
-            self.db = self._open()
+            self.db = self._open_file()
+        except (sqlite3.Error, OSError) as exc:  # every failure ends in a working store and one line
+            self.db = self._recover(exc)
 
-    def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False)
+    def _open_file(self) -> sqlite3.Connection:
+        private_file(self.path)
+        db = _connect(str(self.path))
         try:
-            db.execute("PRAGMA foreign_keys = ON")
-            db.executescript(SCHEMA)
-            for table, columns in (("conversations", {"id", "title", "system"}), ("messages", {"role", "content"})):
-                have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-                if not columns <= have:
-                    raise sqlite3.DatabaseError(f"table {table} lacks columns {sorted(columns - have)}")
-            db.execute("SELECT count(*) FROM messages").fetchone()
-        except sqlite3.DatabaseError:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = FULL")
+            _prepare(db)
+            db.execute("BEGIN IMMEDIATE")  # a write, rolled back: read-only files and folders fail here
+            try:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('probe', '')")
+            finally:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+        except BaseException:
             db.close()
             raise
+        return db
+
+    def _recover(self, exc: Exception) -> sqlite3.Connection:
+        name = self.path
+        if isinstance(exc, TooNew):
+            self.notice = f"chat history {name} was written by a newer spectui ({exc}): it is left untouched and this session's chats are not saved"
+            return self._in_memory(copy=False)
+        if not _damaged(exc):
+            shown = "shown as it is, but " if self.path.exists() else ""
+            self.notice = f"chat history {name} cannot be written ({_reason(exc)}): {shown}this session's chats are not saved"
+            return self._in_memory(copy=True)
+        try:
+            aside = self._aside_name()
+            for suffix in ("", "-wal", "-shm"):
+                sidecar = Path(f"{self.path}{suffix}")
+                if sidecar.exists():
+                    sidecar.rename(f"{aside}{suffix}")
+            db = self._open_file()
+        except (sqlite3.Error, OSError) as again:
+            self.notice = f"chat history {name} is damaged ({_reason(exc)}) and could not be replaced ({_reason(again)}): this session's chats are not saved"
+            return self._in_memory(copy=False)
+        self.notice = f"chat history {name} was damaged ({_reason(exc)}): it was moved to {aside} and a new one started"
+        return db
+
+    def _aside_name(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in range(1000):
+            aside = self.path.with_name(f"{self.path.name}.broken-{stamp}" + (f"-{n}" if n else ""))
+            if not any(Path(f"{aside}{s}").exists() for s in ("", "-wal", "-shm")):
+                return aside
+        raise OSError(f"too many {self.path.name}.broken-{stamp} files")
+
+    def _in_memory(self, copy: bool) -> sqlite3.Connection:
+        """A fresh in-memory history, holding a read-only copy of the file when it can be read."""
+        self.persistent = False
+        for query in ("mode=ro", "immutable=1") if copy and self.path.exists() else ():
+            db = _connect(":memory:")
+            try:
+                source = sqlite3.connect(f"file:{quote(str(self.path))}?{query}", uri=True)
+                try:
+                    source.backup(db)
+                finally:
+                    source.close()
+                _prepare(db)
+                return db
+            except sqlite3.Error:
+                db.close()
+        db = _connect(":memory:")
+        _prepare(db)
         return db
 
     def close(self) -> None:
         self.db.close()
 
+    @property
+    def schema_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
     # conversations
     def create(self, title: str = "New chat", system: str | None = None) -> ConversationRecord:
         now = time.time()
-        cur = self.db.execute(
-            "INSERT INTO conversations (title, system, created, updated) VALUES (?, ?, ?, ?)", (title, system, now, now)
-        )
-        self.db.commit()
-        self.set_last(cur.lastrowid)
+        with _transaction(self.db) as db:
+            cur = db.execute(
+                "INSERT INTO conversations (title, system, created, updated) VALUES (?, ?, ?, ?)", (title, system, now, now)
+            )
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last', ?)", (str(cur.lastrowid),))
         return ConversationRecord(cur.lastrowid, title, system, now)
 
     def list(self) -> list[ConversationRecord]:
@@ -104,27 +228,27 @@ class Store:
         return ConversationRecord(*row) if row else None
 
     def rename(self, conversation_id: int, title: str) -> None:
-        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
-        self.db.commit()
+        with _transaction(self.db) as db:
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
 
     def set_system(self, conversation_id: int, system: str | None) -> None:
-        self.db.execute("UPDATE conversations SET system = ? WHERE id = ?", (system or None, conversation_id))
-        self.db.commit()
+        with _transaction(self.db) as db:
+            db.execute("UPDATE conversations SET system = ? WHERE id = ?", (system or None, conversation_id))
 
     def delete(self, conversation_id: int) -> None:
-        self.db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
-        self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
-        self.db.commit()
+        with _transaction(self.db) as db:
+            db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # messages
     def add_message(self, conversation_id: int, role: str, content: str, origins=None) -> None:
         now = time.time()
-        self.db.execute(
-            "INSERT INTO messages (conversation_id, role, content, origins, created) VALUES (?, ?, ?, ?, ?)",
-            (conversation_id, role, content, json.dumps(origins) if origins else None, now),
-        )
-        self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
-        self.db.commit()
+        with _transaction(self.db) as db:
+            db.execute(
+                "INSERT INTO messages (conversation_id, role, content, origins, created) VALUES (?, ?, ?, ?, ?)",
+                (conversation_id, role, content, json.dumps(origins) if origins else None, now),
+            )
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute(
@@ -141,8 +265,8 @@ class Store:
 
     # the conversation that reopens at start
     def set_last(self, conversation_id: int | None) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last', ?)", (str(conversation_id or ""),))
-        self.db.commit()
+        with _transaction(self.db) as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last', ?)", (str(conversation_id or ""),))
 
     def last(self) -> ConversationRecord | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'last'").fetchone()
@@ -162,3 +286,9 @@ def export_markdown(record: ConversationRecord, messages: list[StoredMessage]) -
     for message in messages:
         lines += [f"## {message.role.capitalize()}", "", message.content.strip(), ""]
     return "\n".join(lines)
+
+
+def export_file(folder: Path, record: ConversationRecord, messages: list[StoredMessage]) -> Path:
+    """Write the conversation as Markdown into `folder` (0700), the file 0600; its path."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in record.title)[:40].strip("-") or "chat"
+    return write_private(folder / f"{record.id}-{safe}.md", export_markdown(record, messages))

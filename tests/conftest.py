@@ -6,7 +6,10 @@ The converted embedded model lives in a persistent test cache (SPECTUI_TEST_MODE
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -57,3 +60,27 @@ def embedded_fp32(embedded_dir):
     from spectui.engine.loading import load_causal_lm
 
     return load_causal_lm(embedded_dir, "cpu", "none")
+
+
+@contextlib.contextmanager
+def make_read_only(path):
+    """`path` (file or folder) read-only for this process; root ignores modes, so it also gets chattr +i."""
+    mode = path.stat().st_mode
+    path.chmod(mode & ~0o222)
+    locked = False
+    try:
+        if os.geteuid() == 0:
+            locked = bool(shutil.which("chattr")) and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+            if not locked:
+                pytest.skip("running as root and chattr +i is not available: cannot make a read-only path")
+        yield path
+    finally:
+        if locked:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(mode)
+
+
+@pytest.fixture
+def read_only():
+    """make_read_only as a fixture: `with read_only(path): ...`."""
+    return make_read_only
