@@ -4,16 +4,27 @@ The engine yields one StepEvent per verifier forward pass. Step 0 is the prefill
 tree and commits the verifier's first token as its `bonus_token`. Every later step carries the
 merged token tree that the drafters proposed and the verifier scored.
 
-A trace file is JSON lines: one RunInfo line (`"kind": "run"`) and then one line per StepEvent
-(`"kind": "step"`). `spectui replay` needs nothing else.
+A trace file is JSON lines: a RunInfo line (`"kind": "run"`, `"version": TRACE_VERSION`) and then
+one line per StepEvent (`"kind": "step"`); `spectui chat --trace` appends one such run per turn.
+`spectui replay` needs nothing else. The trace's schema is these dataclasses plus TRACE_VERSION,
+one definition for the writer (`to_json`) and the reader (`build` checks every field against the
+dataclass annotations, then `check_tree` the tree's links), so a trace that reads is one the
+app can show.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from functools import cache
 from typing import IO, Iterable, Iterator
 
+# The trace format this code writes and the newest it reads; a run line without "version" is 1.
+# A new field with a default keeps older traces readable (they get the default): bump the version
+# with it, so that an older spectui refuses the newer traces by their version, in one clear line.
+TRACE_VERSION = 1
 BONUS_SOURCE = "verifier"  # the origin named for a bonus token
 
 
@@ -63,13 +74,8 @@ class StepEvent:
 
     @classmethod
     def from_dict(cls, data: dict) -> "StepEvent":
-        data = {k: v for k, v in data.items() if k != "kind"}
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown StepEvent fields: {sorted(unknown)}")
-        data["tree"] = [TreeNode(**node) for node in data.get("tree", [])]
-        return cls(**data)
+        """A checked StepEvent (FieldError, a ValueError, names the bad field)."""
+        return check_tree(build(cls, {k: v for k, v in data.items() if k != "kind"}))
 
     @classmethod
     def from_json(cls, line: str) -> "StepEvent":
@@ -94,12 +100,113 @@ class RunInfo:
     merge: str = "union"  # how the speculators' trees were merged: union or vote
 
     def to_json(self) -> str:
-        return json.dumps({"kind": "run", **asdict(self)}, ensure_ascii=False)
+        return json.dumps({"kind": "run", "version": TRACE_VERSION, **asdict(self)}, ensure_ascii=False)
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunInfo":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """A checked RunInfo from a run line (FieldError for a bad field or an unreadable version)."""
+        check_version(data.get("version", 1))
+        return build(cls, {k: v for k, v in data.items() if k not in ("kind", "version")})
+
+
+# ---- the reader's checks: one schema, the annotations above
+
+
+class FieldError(ValueError):
+    """One field of a trace line that does not fit the schema."""
+
+    def __init__(self, name: str, problem: str):
+        super().__init__(f"field {name}: {problem}")
+        self.name = name
+
+
+JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
+              list: "a list", dict: "an object"}
+
+
+def json_name(value) -> str:
+    return next((name for kind, name in JSON_NAMES.items() if isinstance(value, kind)), type(value).__name__)
+
+
+def describe(hint) -> str:
+    """'a list of integers', 'an integer or null', ... for an annotation."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return " or ".join(describe(option) for option in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        noun = "object" if is_dataclass(item) else describe(item).split(" ", 1)[-1]
+        return f"a list of {noun}s"
+    return "an object" if is_dataclass(hint) else JSON_NAMES.get(hint, str(hint))
+
+
+@cache
+def hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def convert(value, hint, name: str):
+    """value checked against the annotation (nested dataclasses built); FieldError otherwise."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        for option in typing.get_args(hint):
+            try:
+                return convert(value, option, name)
+            except FieldError:
+                continue
+    elif origin is list:
+        if isinstance(value, list):
+            (item,) = typing.get_args(hint)
+            return [convert(v, item, f"{name}[{i}]") for i, v in enumerate(value)]
+    elif is_dataclass(hint):
+        if isinstance(value, dict):
+            return build(hint, value, f"{name}.")
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is type(None):
+        if value is None:
+            return None
+    elif isinstance(value, hint) and (hint is bool or not isinstance(value, bool)):
+        return value
+    raise FieldError(name, f"expected {describe(hint)}, got {json_name(value)}")
+
+
+def build(cls, data: dict, prefix: str = ""):
+    """cls(**data) with every field checked: no unknown field, no required one missing, types right."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise FieldError(prefix + unknown[0], f"unknown to this version of the trace format ({TRACE_VERSION})")
+    values = {}
+    for f in fields(cls):
+        if f.name in data:
+            values[f.name] = convert(data[f.name], hints(cls)[f.name], prefix + f.name)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise FieldError(prefix + f.name, "missing")
+    return cls(**values)
+
+
+def check_tree(event: StepEvent) -> StepEvent:
+    """The links the app follows: node i has id i, its parent comes before it, accepted ids are nodes."""
+    for i, node in enumerate(event.tree):
+        if node.id != i:
+            raise FieldError(f"tree[{i}].id", f"expected {i} (a node's id is its index), got {node.id}")
+        if not (node.parent == -1 if i == 0 else 0 <= node.parent < i):
+            raise FieldError(f"tree[{i}].parent", f"{node.parent} is not an earlier node" if i else "the root's parent must be -1")
+    bad = [i for i in event.accepted if event.tree and not 0 < i < len(event.tree)]
+    if bad:
+        raise FieldError("accepted", f"node {bad[0]} is not a drafted node of this step's tree")
+    return event
+
+
+def check_version(version) -> None:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise FieldError("version", f"expected a positive integer, got {version!r}")
+    if version > TRACE_VERSION:
+        raise FieldError("version", f"trace format {version} is newer than this spectui reads ({TRACE_VERSION}): upgrade spectui")
+
+
+# ---- trace files
 
 
 class TraceError(ValueError):
@@ -116,28 +223,50 @@ def write_trace(out: IO[str], info: RunInfo, events: Iterable[StepEvent]) -> Ite
         yield event
 
 
-def read_trace(path) -> tuple[RunInfo, list[StepEvent]]:
-    """Read a trace file; raise TraceError with one clear line on any malformed content."""
+def parse_line(line: str) -> RunInfo | StepEvent:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg}, column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {json_name(data)}")
+    kind = data.get("kind")
+    if kind == "run":
+        return RunInfo.from_dict(data)
+    if kind == "step":
+        return StepEvent.from_dict(data)
+    raise FieldError("kind", f'expected "run" or "step", got {json.dumps(kind)}')
+
+
+def read_runs(path) -> list[tuple[RunInfo, list[StepEvent]]]:
+    """Every run of a trace file with its steps, all checked; TraceError (one line: where, which field) otherwise."""
     try:
         with open(path, encoding="utf-8") as fh:
-            lines = [line for line in fh if line.strip()]
+            lines = fh.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"cannot read trace {path}: {exc}") from None
-    if not lines:
-        raise TraceError(f"trace {path} is empty")
-    info: RunInfo | None = None
-    events: list[StepEvent] = []
+        raise TraceError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    runs: list[tuple[RunInfo, list[StepEvent]]] = []
     for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            data = json.loads(line)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            if data.get("kind") == "run":
-                info = RunInfo.from_dict(data)
-            else:
-                events.append(StepEvent.from_dict(data))
-        except (ValueError, TypeError) as exc:
+            record = parse_line(line)
+        except ValueError as exc:
             raise TraceError(f"trace {path}, line {number}: {exc}") from None
-    if info is None:
-        raise TraceError(f"trace {path} has no run line (kind: run)")
-    return info, events
+        if isinstance(record, RunInfo):
+            runs.append((record, []))
+        elif not runs:
+            raise TraceError(f"trace {path}, line {number}: a step before the run line (kind: run)")
+        else:
+            runs[-1][1].append(record)
+    if not runs:
+        raise TraceError(f"trace {path} is empty")
+    return runs
+
+
+def read_trace(path) -> tuple[RunInfo, list[StepEvent]]:
+    """The trace's last run line and all its steps (TraceError with one clear line on bad content)."""
+    runs = read_runs(path)
+    return runs[-1][0], [event for _, events in runs for event in events]

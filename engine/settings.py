@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 AUTO = "auto"  # the tree chosen each step from measured costs and acceptance (auto_tree.py)
@@ -9,6 +10,7 @@ DEFAULT_TREE = AUTO
 OLD_DEFAULT_TREES = ((1, 1, 1), (2, 2, 1, 1))  # earlier defaults: a config that saved one moves to auto
 FIXED_TREE_NODE_BUDGET = 256  # nodes one speculator's fixed expansion may add
 DEFAULT_MERGE = "union"
+MAX_SEED = 2**63 - 1  # torch seeds a generator with a signed 64-bit integer
 
 
 @dataclass
@@ -27,10 +29,12 @@ class GenerationSettings:
             self.tree_shape = check_shape(tuple(self.tree_shape), str(self.tree_shape))
         if self.max_new_tokens < 1:
             raise ValueError("--max-new-tokens must be at least 1")
-        if not self.temperature >= 0:  # also refuses NaN
-            raise ValueError("--temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("--top-p must be in (0, 1]")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # NaN and inf too
+            raise ValueError(f"--temperature {self.temperature}: must be a finite number >= 0 (0 is greedy)")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"--top-p {self.top_p}: must be in (0, 1]")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed {self.seed}: must be an integer from 0 to {MAX_SEED}")
         if self.merge not in ("union", "vote"):
             raise ValueError("--merge must be union or vote")
 

@@ -6,12 +6,13 @@ before any screen opens; loading and generation failures show inside the app.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from .cli import DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, app, friendly_errors
+from .cli import DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, app, friendly_errors, text_arg
 
 
 @app.command()
@@ -36,9 +37,7 @@ def chat(
     from .engine.presets import resolve_model, resolve_ssm
 
     with friendly_errors():
-        resolve_model(model)
-        for spec in ssm or []:
-            resolve_ssm(spec)
+        system = text_arg(system)
         overrides = {
             name: value
             for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature), ("top_p", top_p), ("tree", tree), ("merge", merge))
@@ -48,7 +47,10 @@ def chat(
             overrides["speculate"] = False
         from .config import Config
 
-        Config(**overrides).settings(seed)  # validate the flags before the screen opens
+        Config(**overrides).settings(seed)  # the flags first, as generate does, before the screen opens (and saves them)
+        resolve_model(model)
+        for spec in ssm or []:
+            resolve_ssm(spec)
         if trace is not None:
             try:
                 trace.open("w", encoding="utf-8").close()
@@ -69,9 +71,9 @@ def replay(
     from .replay import read_turns
 
     with friendly_errors():
-        if speed <= 0:
-            raise UsageFailure("--speed must be positive")
-        turns = read_turns(trace)
+        if not (math.isfinite(speed) and speed > 0):  # NaN passes `speed <= 0`
+            raise UsageFailure(f"--speed {speed}: must be a finite number > 0")
+        turns = read_turns(trace)  # the whole trace checked: TraceError (exit 2) before the screen opens
         app_ = SpecTuiApp(replay=turns, replay_name=trace.name, autoplay=not paused)
         app_.replay_cursor.speed = speed
     app_.run()

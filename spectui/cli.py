@@ -1,14 +1,17 @@
 """The `spectui` command line (Typer): generate, models, bench.
 
-Exit codes: 0 done, 1 runtime failure, 2 bad usage or input. Errors are one line on stderr,
-never a traceback. Ctrl+C stops generation within one verifier step; what was generated stays
-on stdout (and in the trace).
+Exit codes: 0 done, 1 runtime failure, 2 bad usage or input, 130 stopped by Ctrl+C, 141 stdout
+closed by its reader (`spectui generate ... | head -c1`: 128 + SIGPIPE, what a shell reports for
+a tool that SIGPIPE ends; nothing is printed). Errors are one line on stderr, never a traceback.
+Every flag and output path is checked before any model loads. Ctrl+C stops generation within
+one verifier step; what was generated stays on stdout (and in the trace).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -26,6 +29,9 @@ app = typer.Typer(
 )
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+
+
 class UsageFailure(Exception):
     """Bad usage or input: exit 2."""
 
@@ -33,6 +39,37 @@ class UsageFailure(Exception):
 def fail(message: str, code: int) -> None:
     typer.echo(f"spectui: {message}", err=True)
     raise typer.Exit(code)
+
+
+def quiet_broken_pipe() -> None:
+    """Stdout's reader went away: exit 141 without a word (and without a flush error at exit)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
+    raise typer.Exit(EXIT_BROKEN_PIPE)
+
+
+def text_arg(value: str | None) -> str | None:
+    """A text argument as UTF-8: bytes that are not UTF-8 (which Python keeps as lone surrogates) become U+FFFD."""
+    if value is None:
+        return None
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = value.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """UsageFailure now, before any model loads, when PATH cannot be written (an existing file is kept as is)."""
+    existed = path.exists()
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageFailure(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -51,6 +88,8 @@ def friendly_errors():
         fail(str(exc), 2)
     except ModelLoadError as exc:
         fail(str(exc), 2 if exc.usage else 1)
+    except BrokenPipeError:
+        quiet_broken_pipe()
     except ValueError as exc:  # settings validation
         fail(str(exc), 2)
     except typer.Exit:
@@ -111,10 +150,13 @@ def generate(
     from .engine.events import RunInfo, write_trace
 
     with friendly_errors():
+        prompt, system = text_arg(prompt), text_arg(system)
         if not prompt.strip():
             raise UsageFailure("the prompt is empty")
         settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge)
         settings.detail = as_json or trace is not None  # trees with text and probabilities only when recorded
+        if trace is not None:
+            check_writable(trace, "--trace")
         models, engine = load(model, ssm, quant, device)
         conversation = Conversation(system=system)
         conversation.add("user", prompt)
@@ -145,23 +187,27 @@ def generate(
 
 
 def stream(events, as_json: bool):
-    """Print events as they come; Ctrl+C ends the stream after the step in flight."""
+    """Print events as they come; Ctrl+C ends the stream after the step in flight, a closed stdout quietly."""
     last = None
     try:
-        for event in events:
-            last = event
-            if event.notice:
-                typer.echo(f"spectui: {event.notice}", err=True)
-            if as_json:
-                sys.stdout.write(event.to_json() + "\n")
-            else:
-                sys.stdout.write(event.new_text)
+        try:
+            for event in events:
+                last = event
+                if event.notice:
+                    typer.echo(f"spectui: {event.notice}", err=True)
+                if as_json:
+                    sys.stdout.write(event.to_json() + "\n")
+                else:
+                    sys.stdout.write(event.new_text)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            if last is not None:
+                last.stop_reason = "stopped"
+        if not as_json:
+            sys.stdout.write("\n")
             sys.stdout.flush()
-    except KeyboardInterrupt:
-        if last is not None:
-            last.stop_reason = "stopped"
-    if not as_json:
-        sys.stdout.write("\n")
+    except BrokenPipeError:
+        quiet_broken_pipe()  # the generation stops here; the trace keeps the steps so far
     return last
 
 
@@ -180,14 +226,15 @@ def models(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> 
     """List the model presets: verifier, SSMs, source, cached or not."""
     from .engine.catalog import preset_rows
 
-    rows = preset_rows()
-    if as_json:
-        typer.echo(json.dumps({"presets": rows}, indent=2))
-        return
-    for row in rows:
-        ssms = ", ".join(row["ssms"]) or "-"
-        cached = "cached" if row["cached"] else "not cached"
-        typer.echo(f"{row['name']:<14} verifier {row['verifier']}; SSMs {ssms}; {row['source']}; {cached}")
+    with friendly_errors():
+        rows = preset_rows()
+        if as_json:
+            typer.echo(json.dumps({"presets": rows}, indent=2))
+            return
+        for row in rows:
+            ssms = ", ".join(row["ssms"]) or "-"
+            cached = "cached" if row["cached"] else "not cached"
+            typer.echo(f"{row['name']:<14} verifier {row['verifier']}; SSMs {ssms}; {row['source']}; {cached}")
 
 
 @app.command()
@@ -223,6 +270,8 @@ def bench(
             raise UsageFailure("--threads must be at least 1")
         merge_policies(merge)  # ValueError with the choices: exit 2 before any model loads
         shape = parse_tree(tree)  # likewise for a bad --tree
+        if json_out and json_out != "-":
+            check_writable(Path(json_out), "--json")  # not after the whole bench
         texts = read_prompts(prompts, limit, per_category)
         threads = set_threads(threads)  # before loading: the engine measures its costs per thread count
         loaded, engine = load(model, ssm, quant, device)
@@ -249,5 +298,7 @@ def main() -> None:
 
 from . import tune_command  # noqa: E402,F401  registers tune
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m spectui.cli: run the registered app of the imported module, not this copy
+    from spectui.cli import main as registered_main
+
+    registered_main()

@@ -1,33 +1,24 @@
 """Replay of a recorded trace: the turns in a trace file and a driver that plays them.
 
 A trace written by `spectui generate --trace` holds one run; `spectui chat --trace` appends one
-run per turn. `read_turns` validates the file with the engine's `read_trace` (TraceError, one
-clear line) and splits it into (RunInfo, events) turns at each prefill step. The driver posts
-each recorded StepEvent as a StepArrived message, exactly as the live generation worker does.
+run per turn. `read_turns` reads and checks the whole file with the engine's `read_runs` (the
+trace schema in engine/events.py; TraceError, one clear line naming the line and the field)
+before any screen opens: each run line and its steps is one turn. The driver posts each recorded
+StepEvent as a StepArrived message, exactly as the live generation worker does.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from .engine.events import RunInfo, StepEvent, read_trace
+from .engine.events import RunInfo, StepEvent, read_runs
 
 MIN_DELAY_S, MAX_DELAY_S = 0.02, 2.0
 
 
 def read_turns(path) -> list[tuple[RunInfo, list[StepEvent]]]:
-    info, events = read_trace(path)
-    with open(path, encoding="utf-8") as fh:
-        runs = [RunInfo.from_dict(d) for d in (json.loads(line) for line in fh if line.strip()) if d.get("kind") == "run"]
-    runs = runs or [info]
-    segments: list[list[StepEvent]] = []
-    for event in events:
-        if event.step == 0 or not segments:
-            segments.append([])
-        segments[-1].append(event)
-    segments = segments or [[]]
-    return [(runs[min(i, len(runs) - 1)], segment) for i, segment in enumerate(segments)]
+    """(RunInfo, its StepEvents) per turn of the trace at path; TraceError when any line is malformed."""
+    return read_runs(path)
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """`spectui tune`: boost-tune small speculative models (SSMs) for a verifier (engine/tune/, docs/tuning.md).
 
 Long runs belong in the background (`nohup spectui tune ... &`); OUT/tune.log follows progress and
-`--resume` continues an interrupted run where it stopped. Bad input is one line and exit 2.
+`--resume` continues an interrupted run where it stopped. Bad input is one line and exit 2, and
+every option (the prompts file's content included) is checked before anything is written.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -15,6 +17,7 @@ from .cli import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, app, friendly_erro
 from .engine.tune.config import TuneConfig
 
 D = TuneConfig  # its class attributes are the defaults the help texts quote
+MAX_TUNE_SEED = 2**32 - 1  # tune seeds torch with seed * 1_000_003 + offsets, which must stay within 64 bits
 
 
 def knob(flag: str, text: str):
@@ -59,11 +62,22 @@ def tune(
     """Synthesise prompts, collect the verifier's answers and boost-tune SSMs on them (SpecInfer)."""
     from dataclasses import replace
 
+    from .engine.loading import QUANTS, pick_device
     from .engine.presets import resolve_model
+    from .engine.tune.pipeline import read_prompt_file, run_tune
 
     with friendly_errors():
         if prompts is not None and not prompts.is_file():
             raise UsageFailure(f"--prompts {prompts}: no such file")
+        if quant not in QUANTS:
+            raise UsageFailure(f"--quant {quant!r}: use one of {', '.join(QUANTS)}")
+        pick_device(device)  # an unknown or unavailable --device: exit 2 here, not after OUT is written
+        if not 0 <= seed <= MAX_TUNE_SEED:
+            raise UsageFailure(f"--seed {seed}: must be an integer from 0 to {MAX_TUNE_SEED}")
+        if epochs is not None and not math.isfinite(epochs):
+            raise UsageFailure(f"--epochs {epochs}: must be a finite number")
+        if prompts is not None:
+            read_prompt_file(prompts)  # unreadable or empty: TuneConfigError (exit 2)
         preset = resolve_model(model)
         knobs = dict(
             tokens=tokens, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
@@ -80,8 +94,6 @@ def tune(
             quant=quant, device=device, threads=threads, resume=resume, seed=seed, keep_checkpoints=keep_checkpoints,
             **overrides,
         ).validate()
-        from .engine.tune.pipeline import run_tune
-
         report = run_tune(cfg)  # logs the agreement lines itself
     folders = [entry["folder"] for entry in report["ssms"]]
     typer.echo(f"SSMs in {report['out']}: " + ", ".join(Path(f).name for f in folders))

@@ -10,15 +10,18 @@
   runs in chunks of positions on detached hidden states (its [N, V] logits dominate memory).
 - AdamW, linear warmup then a cosine decay to lr * min_lr_ratio (LambdaLR).
 - Checkpoints every `checkpoint_every` steps and at the end: OUT/ssm-K/checkpoint.pt holds model,
-  optimizer, scheduler, step and RNG state. The final SSM is saved with save_pretrained
-  (safetensors, bf16) plus the verifier's tokenizer; model.safetensors is moved in last, so its
-  presence means the SSM is finished.
+  optimizer, scheduler, step and RNG state, only tensors and plain types (dicts, lists, numbers,
+  strings), so --resume loads it with `torch.load(weights_only=True)`: a checkpoint file can
+  never run code; one that holds anything else is refused (CheckpointError). The final SSM is
+  saved with save_pretrained (safetensors, bf16) plus the verifier's tokenizer; model.safetensors
+  is moved in last, so its presence means the SSM is finished.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import pickle
 import shutil
 import time
 from dataclasses import dataclass
@@ -136,19 +139,40 @@ def train_step(model, ids, mask, weights, use_bf16: bool) -> float:
     return loss
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded safely (weights_only) or lacks what a resume needs."""
+
+
 def checkpoint_path(folder: Path) -> Path:
     return Path(folder) / "checkpoint.pt"
 
 
 def save_checkpoint(folder: Path, model, optimizer, scheduler, step: int, total: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    state = dict(
+    state = dict(  # tensors and plain types only: load_checkpoint reads it with weights_only=True
         model=model.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-        step=step, total_steps=total, rng=torch.get_rng_state(),
+        step=int(step), total_steps=int(total), rng=torch.get_rng_state(),
     )
     tmp = checkpoint_path(folder).with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, checkpoint_path(folder))
+
+
+def load_checkpoint(folder: Path, device) -> dict:
+    """The state save_checkpoint wrote, unpickled with weights_only=True (no code runs); CheckpointError otherwise."""
+    path = checkpoint_path(folder)
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"checkpoint {path} holds more than tensors and plain types, refused unread; "
+                              "delete it to train this SSM from the start") from None
+    except Exception as exc:  # noqa: BLE001 - truncated or corrupt: RuntimeError, EOFError, ...
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(exc).__name__}); "
+                              "delete it to train this SSM from the start") from None
+    needed = {"model": dict, "optimizer": dict, "scheduler": dict, "step": int, "total_steps": int, "rng": torch.Tensor}
+    if not isinstance(state, dict) or any(not isinstance(state.get(k), t) for k, t in needed.items()):
+        raise CheckpointError(f"checkpoint {path} lacks the state a resume needs; delete it to train this SSM from the start")
+    return state
 
 
 def is_finished(folder: Path) -> bool:
@@ -204,11 +228,11 @@ def train_ssm(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total, warmup, cfg.min_lr_ratio))
     step = 0
     if cfg.resume and checkpoint_path(folder).exists():
-        state = torch.load(checkpoint_path(folder), map_location=device, weights_only=False)
+        state = load_checkpoint(folder, device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
+        torch.set_rng_state(state["rng"].cpu())  # the CPU generator's state, whatever map_location moved it to
         step = state["step"]
         if state["total_steps"] != total:
             log(f"ssm-{ssm_index}: checkpoint planned {state['total_steps']} steps, the data now gives {total}")

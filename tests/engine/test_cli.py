@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,15 @@ def one_clean_line(result):
     assert "Traceback" not in result.stderr
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tiny_dirs, embedded_dir, tmp_path_factory):
+    """The tiny random verifier with the embedded chat template: a real model that loads in seconds."""
+    folder = tmp_path_factory.mktemp("cli") / "tiny"
+    shutil.copytree(tiny_dirs["verifier"], folder)
+    shutil.copy(embedded_dir / "chat_template.jinja", folder / "chat_template.jinja")
+    return folder
 
 
 @pytest.mark.slow
@@ -68,6 +78,7 @@ def test_generate_json_prints_step_events(embedded_dir):
         (["generate", "hi", "--quant", "q3"], "--quant"),
         (["generate", "hi", "--top-p", "0"], "top-p"),
         (["generate", "hi", "--merge", "majority"], "--merge must be union or vote"),
+        (["generate", "hi", "--tree", "16,16,16,16,16,16,16,16"], "more than the limit of 256"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):
@@ -156,3 +167,35 @@ def test_corrupt_gguf_is_a_clear_error_and_leaves_nothing(tmp_path):
     assert "cannot convert" in one_clean_line(result)
     leftovers = list((paths.models_dir() / "gguf").glob("*")) if (paths.models_dir() / "gguf").exists() else []
     assert leftovers == []
+
+
+def test_non_utf8_prompt_is_decoded_with_replacement(tiny_chat_model, tmp_path):
+    """argv bytes that are not UTF-8 (`spectui generate $'\\xff'`) become U+FFFD, not a TypeError."""
+    trace = tmp_path / "t.jsonl"
+    result = subprocess.run(
+        [*SPECTUI, "generate", b"\xff", "--model", str(tiny_chat_model), "--quant", "none", "--device", "cpu",
+         "--max-new-tokens", "3", "--no-spec", "--trace", str(trace), "--system", b"be \xfe brief"],
+        capture_output=True, timeout=300, env=os.environ.copy(),
+    )
+    stderr = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 0, stderr
+    assert "Traceback" not in stderr and "Error" not in stderr
+    info, events = read_trace(trace)
+    assert info.prompt == "\ufffd" and info.system == "be \ufffd brief"
+    assert sum(len(e.new_tokens) for e in events) == 3
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_closed_stdout_exits_quietly_with_141(tiny_chat_model, flags):
+    """`spectui generate ... | head -c1`: the reader takes one byte and goes; no traceback, no error line."""
+    proc = subprocess.Popen(
+        [*SPECTUI, "generate", "hi", "--model", str(tiny_chat_model), "--quant", "none", "--device", "cpu",
+         "--max-new-tokens", "200", "--no-spec", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy(),
+    )
+    assert proc.stdout.read(1)  # the answer streams (199 more steps to come)
+    proc.stdout.close()  # as head -c1 exits
+    err = proc.stderr.read().decode("utf-8", "replace")
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+    assert "tokens/s" not in err  # the summary line is not printed for an answer nobody reads

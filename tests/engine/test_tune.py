@@ -135,7 +135,7 @@ def test_resume_continues_training_exactly_from_the_checkpoint(tuned, tiny_verif
 
     with pytest.raises(Interrupted):
         run_tune(cfg, after_step=interrupt)
-    assert torch.load(out / "ssm-2" / "checkpoint.pt", weights_only=False)["step"] == 2
+    assert torch.load(out / "ssm-2" / "checkpoint.pt", weights_only=True)["step"] == 2  # plain types: no code runs
     assert not (out / "ssm-2" / "model.safetensors").exists()
 
     run_tune(cfg)
@@ -177,6 +177,42 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--quant", "bogus"], "--quant 'bogus': use one of nf4, fp4, int8, none"),
+        (["--device", "tpu"], "--device 'tpu': use auto, cpu or cuda"),
+        (["--seed", "-1"], "--seed -1: must be an integer from 0 to 4294967295"),
+        (["--seed", str(2**32)], "--seed 4294967296: must be"),
+        (["--epochs", "inf"], "--epochs inf: must be a finite number"),
+    ],
+)
+def test_every_option_is_checked_before_anything_is_written(args, message, tmp_path):
+    """Checked before the model is even resolved (so `no-such-model` is not what is reported), and long
+    before OUT/tune.log is written (which is where --quant bogus used to fail)."""
+    result = run_cli("tune", "--model", "no-such-model", "--out", str(tmp_path / "out"), *args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_quant_for_a_real_model_writes_nothing(tiny_verifier, tmp_path):
+    result = run_cli("tune", "--model", str(tiny_verifier), "--out", str(tmp_path / "out"), "--quant", "bogus")
+    assert result.exit_code == 2 and "--quant 'bogus'" in result.stderr
+    assert not (tmp_path / "out").exists()  # was: OUT/tune.log and tune-config.json, then the error
+
+
+def test_unusable_prompts_file_exits_2_before_writing(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"no prompt here": 1}\n', encoding="utf-8")
+    result = run_cli("tune", "--model", "no-such-model", "--out", str(tmp_path / "out"), "--prompts", str(prompts))
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{prompts}, line 2: expected 'prompt'" in lines[0], result.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -93,3 +93,55 @@ def test_unknown_model_is_one_line_exit_2():
     result = CliRunner().invoke(cli, ["chat", "--model", "no-such-preset"])
     assert result.exit_code == 2
     assert "unknown model" in result.output and result.output.strip().count("\n") == 0
+
+
+def mutated_trace(tmp_path, line: int, change) -> str:
+    """The recorded trace with line `line` (1-based) changed by `change(dict)`; -> its path."""
+    lines = TRACE.read_text().splitlines()
+    record = json.loads(lines[line - 1])
+    change(record)
+    lines[line - 1] = json.dumps(record)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    return str(bad)
+
+
+def set_field(name, value):
+    return lambda record: record.__setitem__(name, value)
+
+
+def set_node_field(name, value):
+    return lambda record: record["tree"][0].__setitem__(name, value)
+
+
+@pytest.mark.timeout(30)  # the code before the schema opened the screen on these (and never returned here)
+@pytest.mark.parametrize(
+    "line, change, field",
+    [
+        pytest.param(3, set_field("new_tokens", "6097"), "field new_tokens: expected a list of integers, got a string", id="string-for-ids"),
+        pytest.param(3, lambda record: record.pop("new_text"), "field new_text: missing", id="missing-field"),
+        pytest.param(4, set_field("accepted", 3), "field accepted: expected a list of integers", id="number-for-list"),
+        pytest.param(5, set_node_field("token_id", "x"), "field tree[0].token_id: expected an integer", id="nested-field"),
+        pytest.param(6, set_field("accepted", [9]), "field accepted: node 9 is not a drafted node", id="accepted-not-in-tree"),
+        pytest.param(7, set_field("draft_ms", None), "field draft_ms: expected a number, got null", id="null-for-number"),
+        pytest.param(1, set_field("version", 99), "field version: trace format 99 is newer than this spectui reads (1)", id="future-version"),
+        pytest.param(1, set_field("version", "1"), "field version: expected a positive integer", id="string-version"),
+        pytest.param(1, set_field("prompt", ["a list"]), "field prompt: expected a string, got a list", id="run-line-field"),
+        pytest.param(2, set_field("kind", "steps"), "field kind", id="unknown-kind"),
+    ],
+)
+def test_trace_that_does_not_fit_the_schema_is_one_line_exit_2(tmp_path, line, change, field):
+    bad = mutated_trace(tmp_path, line, change)
+    result = CliRunner().invoke(cli, ["replay", bad])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0].startswith(f"spectui: trace {bad}, line {line}: {field}")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("speed", ["nan", "inf", "0", "-2"])
+def test_bad_replay_speed_exits_2(speed):
+    result = CliRunner().invoke(cli, ["replay", str(TRACE), "--speed", speed])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"spectui: --speed {float(speed)}: must be a finite number > 0"
