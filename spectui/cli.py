@@ -297,6 +297,7 @@ def main() -> None:
         sys.exit(130)
 
 from . import tune_command  # noqa: E402,F401  registers tune
+from . import tune_eval_command  # noqa: E402,F401  registers tune-eval
 
 if __name__ == "__main__":  # python -m spectui.cli: run the registered app of the imported module, not this copy
     from spectui.cli import main as registered_main

@@ -55,6 +55,9 @@ def tune(
     batch_tokens: Optional[int] = knob("--batch-tokens", f"padded tokens per training step (default {D.batch_tokens})"),
     checkpoint_every: Optional[int] = knob("--checkpoint-every", f"steps between checkpoints (default {D.checkpoint_every})"),
     hit_weight: Optional[float] = knob("--hit-weight", f"loss weight where earlier SSMs hit (default {D.hit_weight})"),
+    soft_weight: Optional[float] = knob("--soft-weight", f"share of the loss on the verifier's top-K probabilities; 0: its tokens only (default {D.soft_weight})"),
+    teacher_k: Optional[int] = knob("--teacher-k", f"verifier tokens kept per position as soft targets (default {D.teacher_k})"),
+    prompt_weight: Optional[float] = knob("--prompt-weight", f"loss weight of prompt positions, soft targets only; 0: answers only (default {D.prompt_weight})"),
     top_k: Optional[int] = knob("--top-k", f"k of the top-k agreement (default {D.top_k})"),
     seed: int = typer.Option(D.seed, "--seed"),
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="keep ssm-K/checkpoint.pt after training"),
@@ -82,7 +85,8 @@ def tune(
         knobs = dict(
             tokens=tokens, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
             epochs=epochs, batch_size=batch_size, max_answer_tokens=max_answer_tokens, hit_weight=hit_weight,
-            top_k=top_k, batch_tokens=batch_tokens, checkpoint_every=checkpoint_every,
+            top_k=top_k, batch_tokens=batch_tokens, checkpoint_every=checkpoint_every, soft_weight=soft_weight,
+            teacher_k=teacher_k, prompt_weight=prompt_weight,
         )
         overrides = {key: value for key, value in knobs.items() if value is not None}
         if batch_size is not None:

@@ -71,6 +71,9 @@ class TuneConfig:
     max_seq_len: int = 1024  # longer examples keep their last max_seq_len tokens
     checkpoint_every: int = 200  # optimizer steps between checkpoints
     hit_weight: float = 0.1  # boost weight of positions an earlier SSM already predicts (misses get 1.0)
+    soft_weight: float = 0.7  # share of the loss on the verifier's top-K distribution (distill.py); 0: labels only
+    teacher_k: int = 8  # verifier tokens kept per position as soft targets (teacher.py)
+    prompt_weight: float = 0.0  # weight of the prompts' positions (soft targets only); 0: answers only
     autocast_bf16: bool = True  # bf16 autocast for the SSM's matmuls on CPU (fp32 master weights)
 
     # evaluation
@@ -97,6 +100,10 @@ class TuneConfig:
             (self.batch_tokens >= 16 and self.max_seq_len >= 8, "batch_tokens and max_seq_len are too small"),
             (self.checkpoint_every >= 1, "checkpoint_every must be at least 1"),
             (0 <= self.hit_weight <= 1, "--hit-weight must be in [0, 1]"),
+            (0 <= self.soft_weight <= 1, "--soft-weight must be in [0, 1]"),
+            (1 <= self.teacher_k <= 64, "--teacher-k must be in [1, 64]"),
+            (0 <= self.prompt_weight <= 1, "--prompt-weight must be in [0, 1]"),
+            (self.prompt_weight == 0 or self.soft_weight > 0, "--prompt-weight needs soft targets (--soft-weight > 0)"),
             (self.top_k >= 1, "--top-k must be at least 1"),
             (0 < self.min_prompt_chars <= self.max_prompt_chars, "prompt length bounds are inverted"),
         ]

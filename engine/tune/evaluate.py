@@ -67,3 +67,20 @@ def evaluate(models_: list[tuple[str, object]], seqs: list[Sequence], k: int, ba
         for entry, (name, _) in zip(part["ssms"], models_):
             entry["name"] = name
     return report
+
+
+def report_lines(report: dict) -> list[str]:
+    """Human-readable agreement lines (held-out positions; greedy answers in brackets)."""
+    k = report["top_k"]
+    lines = [f"agreement with the verifier on {report['data']['held_out_positions']} held-out answer tokens "
+             f"(greedy answers only in brackets):"]
+
+    def fmt(all_: dict, greedy: dict) -> str:
+        g = lambda key: f" [{greedy[key]:.1%}]" if greedy.get(key) is not None else ""  # noqa: E731
+        return f"top-1 {all_.get('top1', 0):.1%}{g('top1')}, top-{k} {all_.get(f'top{k}', 0):.1%}{g(f'top{k}')}"
+
+    for entry in report["ssms"]:
+        agreement = entry.get("agreement", {})
+        lines.append(f"  {entry['name']}: {fmt(agreement.get('all', {}), agreement.get('greedy', {}))}")
+    lines.append(f"  together (any SSM): {fmt(report['together']['all'], report['together']['greedy'])}")
+    return lines

@@ -255,7 +255,8 @@ def run_tune(cfg: TuneConfig, after_step: Callable[[int, int, float], None] | No
 
 
 def tune_ssm(
-    k: int, folder: Path, models, cfg: TuneConfig, verifier_name: str, train_seqs, earlier_top1, log, after_step
+    k: int, folder: Path, models, cfg: TuneConfig, verifier_name: str, train_seqs, earlier_top1, log, after_step,
+    teacher=None,
 ) -> dict:
     """Boost-weight the data by what SSMs 1..k-1 miss, train SSM k, save its folder; -> its info."""
     from .boost import boost_weights
@@ -273,10 +274,10 @@ def tune_ssm(
     bar = Progress(log, f"ssm-{k}", planned_tokens(train_seqs, cfg), "tok")
     began = time.perf_counter()
     observe = None if after_step is None else (lambda step, loss: after_step(k, step, loss))
-    stats = train_ssm(model, train_seqs, weights, cfg, k, folder, bar, log.info, observe)
+    stats = train_ssm(model, train_seqs, weights, cfg, k, folder, bar, log.info, observe, teacher)
     bar.close()
     info = {"ssm": k, "verifier": verifier_name, "quant": cfg.quant, "train_sequences": len(train_seqs),
-            "hit_weight": cfg.hit_weight, **stats, "seconds": round(time.perf_counter() - began, 1),
+            "hit_weight": cfg.hit_weight, "soft_weight": cfg.soft_weight if teacher else 0.0, **stats, "seconds": round(time.perf_counter() - began, 1),
             "architecture": {n: getattr(cfg, n) for n in ("hidden", "layers", "heads", "kv_heads", "intermediate")}}
     save_final(model, models.tokenizer, folder, info)
     if not cfg.keep_checkpoints:
@@ -288,7 +289,7 @@ def tune_ssm(
 def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_step) -> dict:
     from ..loading import drafter_dtype, load_causal_lm, load_models
     from .data import collect_answers, split
-    from .evaluate import evaluate, predict_topk
+    from .evaluate import evaluate, predict_topk, report_lines
     from .train import is_finished, to_sequences
 
     timings: dict[str, float] = {}
@@ -326,7 +327,15 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
     log.info(f"data: {len(examples)} examples, {sum(len(e.answer_ids) for e in examples)} answer tokens; "
              f"{len(train_seqs)} for training, {len(held_seqs)} held out")
 
-    # 3. SSMs, boosted one after the other
+    # 3. the verifier's soft targets (teacher.py), then SSMs boosted one after the other
+    teacher = None
+    if cfg.soft_weight > 0:
+        from .teacher import ensure_teacher
+
+        began, bar = time.perf_counter(), Progress(log, "teacher", sum(len(s.ids) for s in train_seqs), "tok")
+        teacher = ensure_teacher(models.verifier, train_seqs, out, cfg.teacher_k, cfg.batch_tokens, bar, log.info)
+        bar.close()
+        timings["teacher"] = time.perf_counter() - began
     earlier_top1: list[list[torch.Tensor]] = []  # per earlier SSM, per training sequence [A_i]
     ssm_entries = []
     for k in range(1, cfg.ssms + 1):
@@ -335,7 +344,7 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
             log.info(f"ssm-{k}: finished earlier, reusing {folder}")
             info = json.loads((folder / "spectui-tune.json").read_text()) if (folder / "spectui-tune.json").exists() else {}
         else:
-            info = tune_ssm(k, folder, models, cfg, preset.name, train_seqs, earlier_top1, log, after_step)
+            info = tune_ssm(k, folder, models, cfg, preset.name, train_seqs, earlier_top1, log, after_step, teacher)
             timings[f"ssm-{k}"] = info["seconds"]
             if info.get("tokens_per_s"):
                 throughput[f"ssm-{k}_train_tokens_per_s"] = round(info["tokens_per_s"], 1)
@@ -377,20 +386,3 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
     for line in report_lines(report):
         log.info(line)
     return report
-
-
-def report_lines(report: dict) -> list[str]:
-    """Human-readable agreement lines (held-out positions; greedy answers in brackets)."""
-    k = report["top_k"]
-    lines = [f"agreement with the verifier on {report['data']['held_out_positions']} held-out answer tokens "
-             f"(greedy answers only in brackets):"]
-
-    def fmt(all_: dict, greedy: dict) -> str:
-        g = lambda key: f" [{greedy[key]:.1%}]" if greedy.get(key) is not None else ""  # noqa: E731
-        return f"top-1 {all_.get('top1', 0):.1%}{g('top1')}, top-{k} {all_.get(f'top{k}', 0):.1%}{g(f'top{k}')}"
-
-    for entry in report["ssms"]:
-        agreement = entry.get("agreement", {})
-        lines.append(f"  {entry['name']}: {fmt(agreement.get('all', {}), agreement.get('greedy', {}))}")
-    lines.append(f"  together (any SSM): {fmt(report['together']['all'], report['together']['greedy'])}")
-    return lines

@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from .boost import weighted_cross_entropy
+from .distill import answer_rows, distill_loss, with_prompt_positions
 
 LOGIT_CHUNK = 1024  # positions per vocabulary-projection chunk: [1024, 49152] fp32 logits = 200 MB
 
@@ -117,8 +118,12 @@ def autocast(device: torch.device, enabled: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def train_step(model, ids, mask, weights, use_bf16: bool) -> float:
-    """One forward/backward: ids [B, T], mask [B, T], weights [N] (N = mask.sum()) -> loss value."""
+def train_step(model, ids, mask, weights, use_bf16: bool, teacher=None, soft_weight: float | torch.Tensor = 0.0) -> float:
+    """One forward/backward: ids [B, T], mask [B, T], weights [N] (N = mask.sum()) -> loss value.
+
+    teacher: the verifier's (top_ids [N, K], top_logp [N, K]) at the same positions (distill.py);
+    with it the loss mixes soft targets in at `soft_weight`, without it it is the hard-label loss.
+    """
     device = next(model.parameters()).device
     ids, mask, weights = ids.to(device), mask.to(device), weights.to(device)
     targets = ids[:, 1:][mask[:, :-1]]  # [N]: the next token at every answer position, row-major
@@ -132,7 +137,11 @@ def train_step(model, ids, mask, weights, use_bf16: bool) -> float:
         part = slice(lo, lo + LOGIT_CHUNK)
         with autocast(device, use_bf16):
             logits = model.lm_head(detached[part])  # [C, V]
-        chunk = weighted_cross_entropy(logits, targets[part], weights[part], total)
+        if teacher is None:
+            chunk = weighted_cross_entropy(logits, targets[part], weights[part], total)
+        else:
+            soft = soft_weight[part] if torch.is_tensor(soft_weight) else soft_weight
+            chunk = distill_loss(logits, targets[part], weights[part], teacher[0][part], teacher[1][part], soft, total)
         chunk.backward()  # grads into the tied embedding and detached.grad
         loss += chunk.item()
     selected.backward(detached.grad.to(selected.dtype))  # through the trunk
@@ -210,6 +219,7 @@ def train_ssm(
     tick: Callable[[int], None] = lambda n: None,
     log: Callable[[str], None] = lambda line: None,
     after_step: Callable[[int, float], None] | None = None,
+    teacher: list | None = None,  # per sequence the verifier's (top_ids, top_logp) rows (teacher.py)
 ) -> dict:
     """Train `model` in place (resuming from folder/checkpoint.pt when cfg.resume); -> stats."""
     device = next(model.parameters()).device
@@ -247,9 +257,14 @@ def train_ssm(
     started, seen, losses = time.perf_counter(), 0, []
     while step < total:
         indices = group_at(step)
-        ids, mask = collate([seqs[i] for i in indices])  # [B, T], [B, T]
+        batch, soft, rows = [seqs[i] for i in indices], cfg.soft_weight, None
         w = torch.cat([weights[i] for i in indices])  # [N]
-        loss = train_step(model, ids, mask, w, use_bf16)
+        if teacher is not None:
+            if cfg.prompt_weight > 0:  # the prompts' positions too, soft targets only (distill.py)
+                batch, w, soft = with_prompt_positions(batch, [weights[i] for i in indices], cfg.prompt_weight, soft)
+            rows = answer_rows([teacher[i] for i in indices], batch)
+        ids, mask = collate(batch)  # [B, T], [B, T]
+        loss = train_step(model, ids, mask, w, use_bf16, rows, soft)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()

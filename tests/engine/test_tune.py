@@ -223,3 +223,11 @@ def test_non_empty_out_without_resume_exits_2(tmp_path, tiny_verifier):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "pass --resume" in lines[0]
+
+
+def test_tune_distils_on_the_verifiers_cached_soft_targets(tuned):
+    parts = sorted((tuned / "teacher").glob("part-*.safetensors"))
+    assert parts  # the verifier's top-k per training position, cached for --resume
+    info = json.loads((tuned / "ssm-1" / "spectui-tune.json").read_text())
+    assert info["soft_weight"] == TuneConfig().soft_weight > 0
+    assert "teacher: the verifier's top-8" in (tuned / "tune.log").read_text()
