@@ -1,20 +1,29 @@
-"""`spectui models`: the presets with their verifier, SSMs, source and whether they are cached."""
+"""`spectui models`: the presets with their verifier, SSMs, source and whether they are (validly) cached.
+
+"Cached" means the cache entry passes the same check as a start (files against the entry's marker,
+see engine/embedded.py): a truncated or half-written model is reported as not cached, with why.
+"""
 
 from __future__ import annotations
 
 from .presets import BUNDLED, EMBEDDED, PRESETS, Preset
 
 
-def is_cached(source: str) -> bool:
+def cache_problem(source: str) -> str | None:
+    """None when source is cached and sound, else why not ("not downloaded", "model.safetensors is truncated ...")."""
     if source.startswith(BUNDLED):
-        return True  # shipped inside the package
+        return None  # shipped inside the package
     if source == EMBEDDED:
-        from .embedded import is_cached as embedded_cached
+        from .embedded import cache_problem as embedded_problem, embedded_model_dir
 
-        return embedded_cached()
-    from .loading import is_hub_cached
+        return embedded_problem(embedded_model_dir())
+    from .loading import hub_cache_problem
 
-    return is_hub_cached(source)
+    return hub_cache_problem(source)
+
+
+def is_cached(source: str) -> bool:
+    return cache_problem(source) is None
 
 
 def preset_rows() -> list[dict]:
@@ -24,13 +33,16 @@ def preset_rows() -> list[dict]:
 def describe(preset: Preset) -> dict:
     verifier = "SmolLM2-135M-Instruct (embedded GGUF)" if preset.verifier == EMBEDDED else preset.verifier
     ssms = [describe_ssm(s) for s in preset.ssms] + (["ngram (prompt lookup)"] if preset.ngram else [])
-    cached = all(is_cached(source) for source in (preset.verifier, *preset.ssms))
+    problems = {source: cache_problem(source) for source in (preset.verifier, *preset.ssms)}
+    notes = [f"{'embedded' if source == EMBEDDED else source}: {problem}"
+             for source, problem in problems.items() if problem is not None]
     return {
         "name": preset.name,
         "verifier": verifier,
         "ssms": ssms,
         "source": preset.source,
-        "cached": cached,
+        "cached": not notes,
+        "cache_problems": notes,
         "description": preset.description,
     }
 

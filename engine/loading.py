@@ -2,14 +2,18 @@
 
 Sources: the embedded GGUF (converted once to a cached safetensors folder), local folders,
 local .gguf files (converted likewise), and hub ids (downloaded into the model cache by
-`download_from_hub`, the one function tests replace to serve tiny local models instead).
+`download_from_hub`, the one function tests replace to serve tiny local models instead, at the
+revision engine/presets.py pins). Cache entries are checked against their marker at every load
+(engine/embedded.py's marker helpers); a damaged one is deleted and fetched or converted again.
 Before anything generates, every SSM must share the verifier's vocabulary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,7 +22,7 @@ import torch
 
 from ..kernels.guarded_head import install_guarded_head
 from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
-from .presets import BUNDLED, EMBEDDED, Preset
+from .presets import BUNDLED, EMBEDDED, Preset, hub_revision
 
 QUANTS = ("nf4", "fp4", "int8", "none")
 Progress = Callable[[str, float | None], None]
@@ -79,36 +83,104 @@ def pick_device(device: str) -> str:
     return device
 
 
-def download_from_hub(repo_id: str) -> Path:
-    """Fetch a hub model into the model cache (or find it there); the only network path for models."""
+def download_from_hub(repo_id: str, revision: str | None = None) -> Path:
+    """Fetch a hub model at revision (None: main) into the model cache, or find it there; the only
+    network path for models. Returns its snapshot folder, named by the commit it holds."""
     from huggingface_hub import snapshot_download
 
-    from ..paths import models_dir
-
-    cache = models_dir() / "hub"
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+    options = dict(revision=revision, cache_dir=hub_cache(), allow_patterns=patterns)
     try:
-        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns, local_files_only=True))
+        return Path(snapshot_download(repo_id, local_files_only=True, **options))
     except Exception:
         pass
     try:
-        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns))
+        return Path(snapshot_download(repo_id, **options))
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"cannot download {repo_id} from the model hub: {reason}") from None
 
 
-def is_hub_cached(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
+def hub_cache() -> Path:
     from ..paths import models_dir
 
-    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=models_dir() / "hub")
-    return isinstance(found, str)
+    return models_dir() / "hub"
+
+
+def hub_cache_problem(repo_id: str) -> str | None:
+    """None when the pinned (else main) snapshot of repo_id is cached and passes `entry_problem`."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(), revision=hub_revision(repo_id))
+    return entry_problem(Path(found).parent) if isinstance(found, str) else "not downloaded"
+
+
+def is_hub_cached(repo_id: str) -> bool:
+    return hub_cache_problem(repo_id) is None
+
+
+def fetch_hub(repo_id: str, progress: Progress | None = None) -> Path:
+    """A hub model's verified snapshot: one that fails `entry_problem` is deleted and downloaded again
+    (one progress line); then its marker records the commit actually downloaded."""
+    from .embedded import say
+
+    revision = hub_revision(repo_id)
+    folder = download_from_hub(repo_id, revision)
+    if (problem := entry_problem(folder)) is not None:
+        if not discard_entry(folder):
+            raise ModelLoadError(f"the model folder {folder} for {repo_id} is damaged ({problem})")
+        say(progress, f"The cached {repo_id} in {folder} is damaged ({problem}): downloading it again")
+        folder = download_from_hub(repo_id, revision)
+        if (problem := entry_problem(folder)) is not None:
+            raise ModelLoadError(f"{repo_id} is still damaged after downloading it again ({problem})")
+    commit = folder.name if folder.parent.name == "snapshots" else revision
+    mark_entry(folder, {"source": f"hub:{repo_id}", "revision": commit, "requested_revision": revision or "main"})
+    return folder
+
+
+def in_model_cache(folder: Path) -> bool:
+    from ..paths import models_dir
+
+    return Path(folder).resolve().is_relative_to(models_dir().resolve())
+
+
+def entry_problem(folder: Path) -> str | None:
+    """Why a model-cache entry is damaged (None: it is sound, or it is not in the cache, so not ours).
+
+    With a marker: sizes and fingerprints (embedded.marker_problem); without one (cached by an older
+    spectui, or by huggingface_hub itself): config.json, JSON files and safetensors lengths."""
+    from .embedded import CACHE_MARKER, marker_problem, read_marker
+
+    if not in_model_cache(folder):
+        return None
+    if not Path(folder).is_dir():
+        return "it is missing"
+    return marker_problem(Path(folder), read_marker(Path(folder) / CACHE_MARKER) or {})
+
+
+def mark_entry(folder: Path, info: dict) -> None:
+    """Write the marker of a sound cache entry that has none (a read-only cache is left as it is)."""
+    from .embedded import CACHE_MARKER, read_marker, write_cache_marker
+
+    if in_model_cache(folder) and "files" not in (read_marker(folder / CACHE_MARKER) or {}):
+        with contextlib.suppress(OSError):
+            write_cache_marker(folder, CACHE_MARKER, info)
+
+
+def discard_entry(folder: Path) -> bool:
+    """Delete a damaged cache entry (a hub snapshot: its whole repo folder, blobs included); False when
+    folder is not inside the model cache, so not spectui's to delete."""
+    target = Path(folder).resolve()
+    if target.parent.name == "snapshots" and target.parent.parent.parent == hub_cache().resolve():
+        target = target.parent.parent
+    if not in_model_cache(target) or target == hub_cache().resolve():
+        return False
+    shutil.rmtree(target, ignore_errors=True)
+    return True
 
 
 def locate(source: str, progress: Progress | None = None) -> Path:
-    """A verifier or SSM source -> a local transformers model folder."""
+    """A verifier or SSM source -> a local transformers model folder (cache entries verified first)."""
     if source == EMBEDDED:
         from .embedded import ensure_embedded
 
@@ -120,7 +192,7 @@ def locate(source: str, progress: Progress | None = None) -> Path:
         return convert_user_gguf(path, progress)
     if path.exists():
         return path
-    return download_from_hub(source)
+    return fetch_hub(source, progress)
 
 
 def bundled_folder(source: str) -> Path:
@@ -141,21 +213,27 @@ def source_name(source: str) -> str:
 
 
 def convert_user_gguf(gguf: Path, progress: Progress | None = None) -> Path:
-    """A user's .gguf file -> a cached safetensors folder (keyed by name, size and mtime)."""
-    import shutil
+    """A user's .gguf file -> a cached safetensors folder (keyed by name, size and mtime), verified
+    like every cache entry; a damaged one is converted again."""
     import tempfile
 
     from ..paths import models_dir
-    from .embedded import convert_gguf
+    from .embedded import CACHE_MARKER, convert_gguf, say, write_cache_marker
 
     stat = gguf.stat()
     folder = models_dir() / "gguf" / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}"
-    if (folder / "config.json").exists():
-        return folder
+    info = {"source": f"gguf:{gguf.resolve()}", "revision": f"{stat.st_size}-{int(stat.st_mtime)}"}
+    if folder.exists():
+        if (problem := entry_problem(folder)) is None:
+            mark_entry(folder, info)
+            return folder
+        say(progress, f"The cached conversion of {gguf.name} in {folder} is damaged ({problem}): converting it again")
+        shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".convert-", dir=folder.parent))
     try:
         convert_gguf(gguf, work / "model", progress)
+        write_cache_marker(work / "model", CACHE_MARKER, info)  # last: the folder is complete
         (work / "model").rename(folder)
     except Exception as exc:  # a corrupt or unsupported GGUF: say so, keep nothing half-written
         raise ModelLoadError(f"cannot convert {gguf}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None

@@ -50,6 +50,20 @@ PRESETS: dict[str, Preset] = {
 }
 DEFAULT_PRESET = "smollm2-135m"
 
+# Hub commits the presets download (the snapshot folders seen in public caches of these repos;
+# each has safetensors weights). A pinned id always gets this commit, so a later push to the repo
+# changes nothing here. JackFram/llama-68m has no commit verified here: it follows the repo's
+# main branch, and the commit actually downloaded is recorded in its cache marker.
+HUB_REVISIONS: dict[str, str] = {
+    "huggyllama/llama-7b": "8416d3fefb0cb3ff5775a7b13c1692d10ff1aa16",
+    "JackFram/llama-160m": "aca9b687d1425f863dcf5de9a4c96e3fe36266dd",
+}
+
+
+def hub_revision(repo_id: str) -> str | None:
+    """The pinned commit of a hub id (None: the repo's main branch)."""
+    return HUB_REVISIONS.get(repo_id)
+
 
 class ModelSpecError(ValueError):
     """A --model or --ssm value that names nothing loadable (exit code 2)."""

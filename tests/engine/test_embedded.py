@@ -113,7 +113,7 @@ def test_folder_without_marker_is_not_cached(tmp_path: Path):
     (folder / MARKER_NAME).write_text(json.dumps({"gguf_sha256": "0" * 64}))
     assert not is_cached(tmp_path)  # a marker for another GGUF does not count either
     (folder / MARKER_NAME).write_text(json.dumps({"gguf_sha256": GGUF_SHA256}))
-    assert is_cached(tmp_path)
+    assert not is_cached(tmp_path)  # the right marker, but "{}" is no model config and there are no weights
 
 
 # ---- the real model (fetched and converted once into the persistent test cache) ----

@@ -12,8 +12,8 @@ import torch
 
 from spectui.engine import loading
 from spectui.engine.chat import Conversation, chat
-from spectui.engine.loading import ModelLoadError, build_engine, load_models
-from spectui.engine.presets import PLAIN_CHAT_TEMPLATE, PRESETS, ModelSpecError, resolve_model
+from spectui.engine.loading import ModelLoadError, build_engine, drafter_dtype, load_models
+from spectui.engine.presets import HUB_REVISIONS, PLAIN_CHAT_TEMPLATE, PRESETS, ModelSpecError, resolve_model
 from spectui.engine.settings import GenerationSettings
 
 
@@ -26,9 +26,13 @@ def fake_hub(tiny_dirs, monkeypatch):
     }
     asked = []
 
-    def download(repo_id):
+    def download(repo_id, revision=None):
         asked.append(repo_id)
+        revisions.append(revision)
         return folders[repo_id]
+
+    revisions = []
+    download.revisions = revisions
 
     monkeypatch.setattr(loading, "download_from_hub", download)
     return asked
@@ -39,11 +43,13 @@ def test_llama7b_preset_loads_nf4_verifier_and_two_ssms(fake_hub):
 
     models = load_models(PRESETS["llama-7b"], quant="nf4", device="cpu")
     assert fake_hub == ["huggyllama/llama-7b", "JackFram/llama-68m", "JackFram/llama-160m"]
+    assert loading.download_from_hub.revisions == [HUB_REVISIONS["huggyllama/llama-7b"], None,
+                                                   HUB_REVISIONS["JackFram/llama-160m"]]  # pinned where known
     q_proj = models.verifier.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj, bnb.nn.Linear4bit)
     assert q_proj.weight.quant_state.quant_type == "nf4"
     assert [name for name, _ in models.ssms] == ["llama-68m", "llama-160m"]
-    assert all(p.dtype == torch.float32 for _, ssm in models.ssms for p in ssm.parameters())
+    assert all(p.dtype == drafter_dtype("cpu") for _, ssm in models.ssms for p in ssm.parameters())  # bf16 on AVX512-BF16
     assert models.chat_template == PLAIN_CHAT_TEMPLATE  # a base model gets the plain template
     engine = build_engine(models)
     assert engine.speculator_names == ["llama-68m", "llama-160m", "ngram"]
