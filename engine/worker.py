@@ -8,27 +8,30 @@ engine keeps its core and the UI keeps the other (docs/performance.md, "App thro
 The child is started with "spawn" (no forked locks or threads), sends nothing to the terminal
 (its stdout and stderr go to a log file) and ignores SIGINT: the parent owns the terminal.
 
-Protocol, over one Pipe:
-
-    child -> parent   ("progress", stage, fraction)   while loading
-                      ("loaded", ModelInfo) | ("failed", reason)
-                      ("step", StepEvent) ...          one per verifier step of a turn
-                      ("done", reply, error)           the end of a turn (reply kept even on error)
-    parent -> child   ("chat", system, [(role, content)], GenerationSettings)
-                      ("quit",)
-
-Three shared events steer a running turn: `stop` (the engine honours it within one verifier
-step), `step_mode` (pause after each step) and `advance` (go on to the next step).
+The parent and the child talk over one typed channel (engine/channel.py): every turn has an
+id, Stop and Advance name the turn they are for, replies of any other turn are dropped as
+stale, garbage is counted and dropped. When the child dies (or does not stop within
+`stop_grace_s` of a Stop) the turn ends with EngineDied, which says the exit code and the last
+line the child logged; the streamed part of the answer is still added to the conversation.
+A dead worker stays dead: restarting is the caller's choice (a new EngineWorker).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from dataclasses import dataclass, field
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .channel import (
+    TO_PARENT, Advance, Chat, Done, Garbage, Loaded, LoadFailed, Progress, Quit, Rejected, Step,
+    StepMode, Stop, receive, serve_turns,
+)
 from .chat import Conversation
 from .events import StepEvent
 from .settings import GenerationSettings
@@ -41,7 +44,7 @@ class LoadRequest:
     quant: str = "nf4"
     device: str = "auto"
     threads: int | None = None  # torch threads in the child; None: one core fewer than the machine has
-    log_file: str | None = None  # where the child's stdout and stderr go (None: discarded)
+    log_file: str | None = None  # where the child's stdout and stderr go (None: a temporary file)
     cost_cache: str | None = None  # folder of measured cost models (None: measure at every start)
 
 
@@ -59,7 +62,15 @@ class ModelInfo:
 
 
 class WorkerError(RuntimeError):
-    """The engine process failed or went away; the message is the reason."""
+    """The engine process failed a turn or went away; the message is the reason."""
+
+
+class EngineDied(WorkerError):
+    """The engine process is gone: restart it to go on. `exit_code` and `log_tail` say how."""
+
+    def __init__(self, message: str, exit_code: int | None = None, log_tail: list[str] | None = None):
+        super().__init__(message)
+        self.exit_code, self.log_tail = exit_code, log_tail or []
 
 
 def engine_threads(requested: int | None) -> int:
@@ -70,29 +81,28 @@ def engine_threads(requested: int | None) -> int:
 
 
 # ---------------------------------------------------------------- child side
-def _serve(conn, request: LoadRequest, stop, step_mode, advance) -> None:
-    import signal
-
+def _serve(conn, request: LoadRequest) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_output(request.log_file)
     try:
         models, engine = _load(conn, request)
     except Exception as exc:  # noqa: BLE001 - reported to the UI, which keeps running
-        conn.send(("failed", f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}".splitlines()[0]))
         return
-    conn.send(("loaded", ModelInfo(
+    conn.send(Loaded(ModelInfo(
         model=models.preset.name, speculators=engine.speculator_names, device=models.device,
         quant=models.quant, attention_backend=models.attention_backend, pid=os.getpid(),
     )))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the UI went away
-            return
-        if message[0] != "chat":
-            return
-        _, system, turns, settings = message
-        _answer(conn, models, engine, system, turns, settings, stop, step_mode, advance)
+
+    def answer(message: Chat, control) -> Iterator[StepEvent]:
+        from .chat import chat
+
+        conversation = Conversation(system=message.system)
+        for role, content in message.turns:
+            conversation.add(role, content)
+        return chat(engine, models, conversation, message.settings, control)
+
+    serve_turns(conn, answer)
 
 
 def _redirect_output(log_file: str | None) -> None:
@@ -112,7 +122,7 @@ def _load(conn, request: LoadRequest):
     torch.set_num_threads(engine_threads(request.threads))
 
     def progress(stage: str, fraction: float | None = None) -> None:
-        conn.send(("progress", stage, fraction))
+        conn.send(Progress(stage, fraction))
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -120,31 +130,11 @@ def _load(conn, request: LoadRequest):
                            Path(request.cost_cache) if request.cost_cache else None)
 
 
-def _answer(conn, models, engine, system, turns, settings, stop, step_mode, advance) -> None:
-    from .chat import chat
-
-    conversation = Conversation(system=system)
-    for role, content in turns:
-        conversation.add(role, content)
-    error = None
-    try:
-        for event in chat(engine, models, conversation, settings, stop):
-            conn.send(("step", event))
-            if step_mode.is_set() and not event.finished:
-                while not advance.wait(0.05) and not stop.is_set():
-                    pass
-                advance.clear()
-    except Exception as exc:  # noqa: BLE001 - the turn fails, the worker and the partial answer stay
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    last = conversation.messages[-1]
-    conn.send(("done", last.content if last.role == "assistant" else "", error))
-
-
 # ---------------------------------------------------------------- parent side
 def prepare() -> None:
     """Start multiprocessing's resource tracker now, while sys.stderr is still a real file.
 
-    The shared events need the tracker, which is spawned with stderr's descriptor; inside a
+    Spawned children need the tracker, which is spawned with stderr's descriptor; inside a
     running Textual app stderr is Textual's capture object, and the spawn would fail."""
     from multiprocessing import resource_tracker
 
@@ -152,96 +142,189 @@ def prepare() -> None:
 
 
 class EngineWorker:
-    """The parent's handle: start, wait for the models, run turns, stop, close."""
+    """The parent's handle: start, wait for the models, run turns, stop, close.
 
-    def __init__(self, request: LoadRequest) -> None:
+    `serve` is the child's entry point (tests pass a fake engine speaking the same channel)."""
+
+    def __init__(self, request: LoadRequest, serve: Callable = _serve, poll_s: float = 0.1,
+                 stop_grace_s: float = 10.0) -> None:
         context = multiprocessing.get_context("spawn")
+        self.own_log = request.log_file is None
+        if self.own_log:
+            handle, name = tempfile.mkstemp(prefix="spectui-engine-", suffix=".log")
+            os.close(handle)
+            request = replace(request, log_file=name)
         self.request = request
-        self.stop_event, self.step_mode, self.advance_event = context.Event(), context.Event(), context.Event()
+        self.log_start = _size(request.log_file)
+        self.poll_s, self.stop_grace_s = poll_s, stop_grace_s
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(
-            target=_serve, name="spectui-engine", daemon=True,
-            args=(child_conn, request, self.stop_event, self.step_mode, self.advance_event),
-        )
+        self.process = context.Process(target=serve, name="spectui-engine", daemon=True, args=(child_conn, request))
         self.process.start()
         child_conn.close()
         self.info: ModelInfo | None = None
+        self.turn = 0  # the id of the newest turn
+        self.step_mode = False
+        self.dead: EngineDied | None = None
+        self.stale = self.garbage = 0  # dropped: replies of other turns, unreadable messages
+        self.rejected: list[str] = []  # what the child said it could not use
+        self._send_lock = threading.Lock()
+        self._stop_asked: float | None = None
 
     def wait_loaded(self, progress: Callable[[str, float | None], None] | None = None) -> ModelInfo:
         """Block until the models are loaded; WorkerError with the reason when they cannot be."""
         while True:
-            kind, *rest = self._receive()
-            if kind == "progress" and progress is not None:
-                progress(*rest)
-            elif kind == "loaded":
-                self.info = rest[0]
+            message = self._receive()
+            if isinstance(message, Progress):
+                if progress is not None:
+                    progress(message.stage, message.fraction)
+            elif isinstance(message, Loaded):
+                self.info = message.info
                 return self.info
-            elif kind == "failed":
+            elif isinstance(message, LoadFailed):
                 self.close()
-                raise WorkerError(rest[0])
+                raise WorkerError(message.reason)
+            else:
+                self._drop(message)
 
     def chat(self, conversation: Conversation, settings: GenerationSettings) -> Iterator[StepEvent]:
-        """One assistant turn, like engine.chat.chat; the (partial) reply is added to the conversation.
+        """One assistant turn, like engine.chat.chat; the (partial) reply is added to the conversation
+        however the turn ends: done, failed, engine gone, or the caller stopped reading.
 
-        Raises WorkerError after the last event when the turn failed in the engine."""
-        self.stop_event.clear()
-        self.advance_event.clear()
-        turns = [(m.role, m.content) for m in conversation.messages]
+        Raises WorkerError after the last event when the turn failed in the engine, EngineDied
+        when the engine process went away."""
+        if self.dead is not None:
+            raise self.dead
+        self.turn += 1
+        turn, streamed, finished, error = self.turn, [], False, None
+        self._stop_asked = None
+        turns = tuple((m.role, m.content) for m in conversation.messages)
         try:
-            self.conn.send(("chat", conversation.system, turns, settings))
-        except (OSError, ValueError):
-            raise self._gone() from None
-        while True:
-            kind, *rest = self._receive()
-            if kind == "step":
-                yield rest[0]
-            elif kind == "done":
-                reply, error = rest
-                conversation.add("assistant", reply)
-                if error:
-                    raise WorkerError(error)
-                return
+            self._send(Chat(turn, conversation.system, turns, settings, self.step_mode), strict=True)
+            while not finished:
+                message = self._receive()
+                if isinstance(message, (Step, Done)) and message.turn == turn:
+                    if isinstance(message, Step):
+                        streamed.append(message.event.new_text)
+                        yield message.event
+                    else:
+                        finished, error = True, message.error
+                        streamed = [message.reply]
+                elif isinstance(message, Rejected) and message.turn == turn:
+                    finished, error = True, f"the engine rejected the turn: {message.reason}"
+                    self.rejected.append(message.reason)
+                else:
+                    self._drop(message)
+        finally:
+            conversation.add("assistant", "".join(streamed))
+            if not finished and self.dead is None:
+                self._send(Stop(turn))  # abandoned: its late replies will be dropped as stale
+        if error:
+            raise WorkerError(error)
 
     def set_step_mode(self, on: bool) -> None:
-        if on:
-            self.step_mode.set()
-        else:
-            self.step_mode.clear()
-            self.advance_event.set()
+        self.step_mode = on
+        self._send(StepMode(on))
 
     def advance(self) -> None:
-        self.advance_event.set()
+        self._send(Advance(self.turn))
 
     def request_stop(self) -> None:
-        self.stop_event.set()
-        self.advance_event.set()
+        if self._stop_asked is None:
+            self._stop_asked = time.monotonic()
+        self._send(Stop(self.turn))
+
+    def check(self) -> EngineDied | None:
+        """EngineDied when the process has gone (between turns too), else None."""
+        if self.dead is None and not self.process.is_alive():
+            self._died()
+        return self.dead
 
     def close(self) -> None:
-        self.request_stop()
         if self.process.is_alive():
-            try:
-                self.conn.send(("quit",))
-            except (OSError, ValueError):
-                pass
+            self._send(Quit())
             self.process.join(timeout=2)
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(timeout=2)
         self.conn.close()
+        if self.own_log:
+            Path(self.request.log_file).unlink(missing_ok=True)
 
-    def _receive(self) -> tuple:
+    # ---- the channel
+    def _send(self, message, strict: bool = False) -> None:
         try:
-            return self.conn.recv()
-        except (EOFError, OSError):
-            raise self._gone() from None
+            with self._send_lock:
+                self.conn.send(message)
+        except (OSError, ValueError):
+            if strict:
+                raise self._died() from None
 
-    def _gone(self) -> WorkerError:
-        self.process.join(timeout=1)
-        code = self.process.exitcode
-        return WorkerError(
-            "the engine process exited" + (f" (code {code})" if code not in (None, 0) else "")
-            + (f"; see {self.request.log_file}" if self.request.log_file else "")
-        )
+    def _receive(self):
+        while True:
+            if self.dead is not None:
+                raise self.dead
+            try:
+                if self.conn.poll(self.poll_s):
+                    return receive(self.conn, TO_PARENT)
+            except (EOFError, OSError):
+                raise self._died() from None
+            if not self.process.is_alive():
+                raise self._died()
+            if self._stop_asked is not None and time.monotonic() - self._stop_asked > self.stop_grace_s:
+                self.process.kill()
+                raise self._died(f"the engine process did not stop within {self.stop_grace_s:g} s and was ended")
+
+    def _drop(self, message) -> None:
+        if isinstance(message, Garbage):
+            self.garbage += 1
+        elif isinstance(message, Rejected):
+            self.rejected.append(message.reason)
+        else:
+            self.stale += 1
+
+    def _died(self, reason: str | None = None) -> EngineDied:
+        if self.dead is None:
+            self.process.join(timeout=2)
+            code = self.process.exitcode
+            tail = log_tail(self.request.log_file, self.log_start)
+            text = reason or f"the engine process exited ({describe_exit(code)})"
+            if tail:
+                text += f"; its last log line: {tail[-1][:160]}"
+            if not self.own_log:
+                text += f"; see {self.request.log_file}"
+            self.dead = EngineDied(text, code, tail)
+        return self.dead
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def _size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
+def log_tail(path: str | None, start: int = 0, lines: int = 5) -> list[str]:
+    """The last non-empty lines the child wrote to its log since `start` (a byte offset)."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(start, _size(path) - 8192))
+            text = log.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
 
 
 def default_log_file() -> Path:

@@ -1,34 +1,30 @@
 """SpecTuiApp: the Textual chat on the embedded speculation engine, and its replay mode.
 
 The app is the controller. The models and the engine live in a child process
-(engine/worker.py), so drawing never competes with generation for the GIL; a loader thread
-relays its loading progress (LoadingScreen). Each assistant turn runs in a thread worker that
-sends the conversation to the engine process and posts one StepArrived message per verifier
-step and a TurnFinished at the end; the UI never blocks and Esc sets the stop event, which the
-engine honours within one verifier step. In step mode the engine waits for `advance` after
-each step. Replay (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the
+(engine/worker.py), so drawing never competes with generation for the GIL; EngineLink
+(engine_link.py) owns that process: starting it (LoadingScreen shows its progress), each turn
+(a thread worker posting one StepArrived per verifier step and a TurnFinished at the end), and
+its death. Esc stops the turn within one verifier step; in step mode the engine waits for f6
+after each step. When the engine process dies, mid-answer or idle, what was streamed is saved,
+one notice says what happened and ctrl+r (or ctrl+p → Restart engine) starts a new one. Replay (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the
 recorded StepEvents through the same StepArrived path. History lives in SQLite (store.py): the
 user message is saved when sent, the (possibly partial) answer when the turn ends.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
-from textual import work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from . import paths
 from .config import GENERATION, Config, ConfigError, load_config, save_config
-from .engine.settings import GenerationSettings
-from .engine.worker import EngineWorker, LoadRequest, WorkerError, default_log_file
 from .engine.worker import prepare as prepare_engine_process
-from .messages import LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
+from .engine_link import EngineLink
+from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 from .replay import ReplayCursor
 from .screens.chat import ChatScreen, ReplayScreen
 from .screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen, TextPromptScreen
@@ -66,7 +62,7 @@ class SpecTuiApp(App):
         if step_mode is not None:
             self.config.step_mode = step_mode
         self.info = None  # ModelInfo of the loaded models
-        self.engine = None  # EngineWorker: the engine in its own process
+        self.link = EngineLink(self, model, self.ssm_specs, quant, device, trace)
         self.load_error: str | None = None
         self.generating = False
         self.store: Store | None = None
@@ -77,6 +73,11 @@ class SpecTuiApp(App):
         if replay is None:
             prepare_engine_process()
         self.turn_ssms: list[str] = []
+
+    @property
+    def engine(self):
+        """The ready EngineWorker, or None (loading, failed, dead, or no model)."""
+        return self.link.worker if self.link.state == "ready" else None
 
     # ---- start-up
     def get_default_screen(self) -> Screen:
@@ -118,37 +119,24 @@ class SpecTuiApp(App):
         chat.status.model = self.model_spec
         if not self.autoload:
             return
-        chat.status.state = "loading…"
+        self.set_interval(1.0, self.link.check)  # an engine that dies between turns is noticed
+        self.start_engine()
+
+    def start_engine(self) -> bool:
+        """Start the engine process unless one is starting or running (Retry, Restart, start-up)."""
+        if self.replay_cursor or not self.link.start():
+            return False
+        self.load_error = None
+        self.chat.status.state = "loading…"
         self.push_screen(LoadingScreen(f"Loading {self.model_spec} ({self.quant})"))
-        self.load_models()
-
-    def load_models(self) -> None:
-        """Load in a daemon thread (not a worker: ctrl+q must not wait for a long first fetch)."""
-        threading.Thread(target=self._load_models, name="spectui-load", daemon=True).start()
-
-    def _load_models(self) -> None:
-        def progress(stage: str, fraction: float | None = None) -> None:
-            self.post_message(LoadProgress(stage, fraction))
-
-        progress("starting the engine process", None)
-        request = LoadRequest(self.model_spec, self.ssm_specs, self.quant, self.device_spec, log_file=str(default_log_file()),
-                              cost_cache=str(paths.cache_dir() / "costs"))
-        worker = EngineWorker(request)
-        try:
-            info = worker.wait_loaded(progress)
-        except WorkerError as exc:  # shown in the app, which keeps running
-            self.post_message(LoadFailed(str(exc)))
-            return
-        self.post_message(ModelsLoaded(info, worker))
+        return True
 
     def on_load_progress(self, message: LoadProgress) -> None:
         if isinstance(self.screen, LoadingScreen):
             self.screen.progress(message.stage, message.fraction)
 
     def on_models_loaded(self, message: ModelsLoaded) -> None:
-        if self.engine is not None:
-            self.engine.close()
-        self.info, self.engine = message.info, message.engine
+        self.info = message.info
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         status = self.chat.status
@@ -164,20 +152,29 @@ class SpecTuiApp(App):
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         self.chat.status.state = "no model"
-        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; see ctrl+p → Retry loading.", error=True)
+        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; ctrl+r retries.", error=True)
         self.notify(message.reason, title="Loading failed", severity="error", timeout=15)
+
+    def on_engine_lost(self, message: EngineLost) -> None:
+        self.engine_gone(message.reason, "")
 
     def action_skip_loading(self) -> None:
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
 
-    def action_retry_loading(self) -> None:
-        if self.engine is None and not self.replay_cursor:
-            self.load_error = None
+    def action_restart_engine(self) -> None:
+        if self.start_engine():
             self.chat.set_notice(None)
-            self.chat.status.state = "loading…"
-            self.push_screen(LoadingScreen(f"Loading {self.model_spec} ({self.quant})"))
-            self.load_models()
+        elif self.link.state in ("starting", "ready") and not self.replay_cursor:
+            self.notify("the engine is " + ("already starting" if self.link.state == "starting" else "running"))
+
+    action_retry_loading = action_restart_engine
+
+    def engine_gone(self, reason: str, saved: str) -> None:
+        """The one notice for an engine process that went away."""
+        self.chat.status.state = "engine stopped"
+        self.chat.set_notice(f"{reason[0].upper()}{reason[1:]}.{saved} ctrl+r restarts the engine.", error=True)
+        self.notify("ctrl+r restarts it", title="The engine process stopped", severity="error", timeout=15)
 
     # ---- conversations
     async def open_conversation(self, conversation_id: int) -> None:
@@ -239,7 +236,8 @@ class SpecTuiApp(App):
             self.notify("still answering — Esc stops", severity="warning")
             return
         if self.engine is None:
-            reason = f"loading failed: {self.load_error}" if self.load_error else "the model is still loading"
+            reason = {"failed": f"loading failed: {self.load_error}", "dead": "the engine process stopped (ctrl+r restarts it)",
+                      "starting": "the model is still loading"}.get(self.link.state, "no model")
             self.notify(f"cannot answer yet: {reason}", severity="error")
             return
         try:
@@ -259,42 +257,8 @@ class SpecTuiApp(App):
         await self.chat.begin_turn(text, self.turn_ssms, settings.greedy, self.info.quant)
         self.chat.set_notice(None)
         self.generating = True
-        self.engine.set_step_mode(self.config.step_mode)
         self.chat.status.state = "answering… (Esc stops)"
-        self.generate(history, text, settings)
-
-    @work(thread=True, exclusive=True, group="generate")
-    def generate(self, history, text: str, settings: GenerationSettings) -> None:
-        from .engine.chat import Conversation
-        from .engine.events import RunInfo, write_trace
-
-        conversation = Conversation(system=self.record.system)
-        for message in history:
-            if message.content:
-                conversation.add(message.role, message.content)
-        conversation.add("user", text)
-        last, error = None, None
-        try:
-            with contextlib.ExitStack() as stack:
-                events = self.engine.chat(conversation, settings)
-                if self.trace is not None:
-                    info = self.info
-                    run = RunInfo(
-                        model=info.model, ssms=self.turn_ssms, device=info.device, quant=info.quant,
-                        attention_backend=info.attention_backend, prompt=text, system=self.record.system,
-                        temperature=settings.temperature, top_p=settings.top_p,
-                        tree_shape=settings.tree_shape if settings.auto else list(settings.tree_shape), max_new_tokens=settings.max_new_tokens,
-                        merge=settings.merge,
-                    )
-                    events = write_trace(stack.enter_context(open(self.trace, "a", encoding="utf-8")), run, events)
-                for event in events:
-                    last = event
-                    self.post_message(StepArrived(event))
-        except Exception as exc:  # noqa: BLE001 - shown in the app; the partial answer is kept
-            error = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}".splitlines()[0]
-        reply = conversation.messages[-1].content if conversation.messages[-1].role == "assistant" else ""
-        reason = last.stop_reason if last is not None else None
-        self.post_message(TurnFinished(reply, reason, error))
+        self.link.begin_turn(self.record, history, text, settings, self.turn_ssms)
 
     async def on_step_arrived(self, message: StepArrived) -> None:
         chat = self.chat
@@ -309,8 +273,11 @@ class SpecTuiApp(App):
         pieces = chat.answer.pieces if chat.answer is not None else []
         await chat.end_turn(message.stop_reason or ("failed" if message.error else None))
         self.generating = False
-        if message.reply and self.store and self.record:
+        if message.reply and self.store and self.record:  # what streamed is saved, however the turn ended
             self.store.add_message(self.record.id, "assistant", message.reply, pieces)
+        if message.engine_died:
+            self.engine_gone(message.error, " What it streamed is saved." if message.reply else "")
+            return
         if message.error:
             chat.set_notice(f"Generation failed: {message.error}. The conversation is kept.", error=True)
             self.notify(message.error, title="Generation failed", severity="error", timeout=15)
@@ -321,15 +288,15 @@ class SpecTuiApp(App):
             self.replay_cursor.playing = False
             self.chat.set_replay_bar(self.replay_cursor.describe())
         elif self.generating and self.engine is not None:
-            self.engine.request_stop()
+            self.link.stop()
             self.chat.status.state = "stopping…"
 
     def action_next_step(self) -> None:
         if self.replay_cursor:
             self.replay_cursor.playing = False
             self.call_later(self.replay_tick, False)
-        elif self.engine is not None:
-            self.engine.advance()
+        else:
+            self.link.advance()
 
     # ---- replay
     async def replay_tick(self, schedule: bool = True) -> None:
@@ -372,8 +339,7 @@ class SpecTuiApp(App):
     def action_toggle_step_mode(self) -> None:
         self.remember(step_mode=not self.config.step_mode)
         self.chat.set_step_mode(self.config.step_mode)
-        if self.engine is not None:
-            self.engine.set_step_mode(self.config.step_mode)
+        self.link.set_step_mode(self.config.step_mode)
         self.notify(f"step mode {'on: f6 advances one verifier step' if self.config.step_mode else 'off'}")
 
     def action_toggle_origins(self) -> None:
@@ -454,11 +420,10 @@ class SpecTuiApp(App):
         yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard", self.action_copy_answer)
         yield SystemCommand("Export to Markdown", "Write this conversation to a Markdown file", self.action_export)
         yield SystemCommand("Stop", "Stop generating", self.action_stop)
-        if self.engine is None:
-            yield SystemCommand("Retry loading", "Load the model again", self.action_retry_loading)
+        if self.link.state in ("off", "failed", "dead"):
+            yield SystemCommand("Restart engine", "Start the engine process again (ctrl+r)", self.action_restart_engine)
 
     def on_unmount(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        self.link.close()
         if self.store is not None:
             self.store.close()

@@ -23,6 +23,7 @@ class TurnFinished(Message):
     reply: str  # the (possibly partial) answer, already in the conversation
     stop_reason: str | None
     error: str | None = None  # why generation failed, when it did
+    engine_died: bool = False  # the engine process went away during the turn: restart to go on
 
 
 @dataclass
@@ -39,4 +40,11 @@ class ModelsLoaded(Message):
 
 @dataclass
 class LoadFailed(Message):
+    reason: str
+
+
+@dataclass
+class EngineLost(Message):
+    """The engine process was found gone between turns."""
+
     reason: str

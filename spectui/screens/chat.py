@@ -49,6 +49,7 @@ class ChatScreen(Screen):
         Binding("f8", "browse(1)", "step ▶", show=False, priority=True),
         Binding("f9", "app.copy_answer", "Copy", show=False),
         Binding("ctrl+n", "app.new_conversation", "New chat", show=False),
+        Binding("ctrl+r", "app.restart_engine", "Restart engine", show=False, priority=True),  # after the engine process stopped
     ]
     def __init__(self, replay: bool = False) -> None:
         super().__init__()

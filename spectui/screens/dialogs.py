@@ -24,6 +24,7 @@ KEYS = [
     ("f7 / f8", "browse earlier / later steps of the answer (or [ ] in the tree)"),
     ("f9", "copy the last answer to the clipboard"),
     ("ctrl+n", "new conversation"),
+    ("ctrl+r", "restart the engine after its process stopped"),
     ("ctrl+p", "command palette (themes, export, everything above)"),
     ("ctrl+q", "quit"),
     ("space / n / + / -", "replay: play-pause / step / faster / slower"),

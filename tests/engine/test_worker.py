@@ -1,4 +1,6 @@
-"""EngineWorker: the engine in its own process gives the same tokens as in this one, and fails cleanly."""
+"""EngineWorker: the engine in its own process gives the same tokens as in this one, and fails cleanly.
+
+The real engine's side of the channel; the parent's side against a misbehaving fake is test_channel.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import pytest
 from spectui.engine.chat import Conversation, chat
 from spectui.engine.loading import build_engine
 from spectui.engine.settings import GenerationSettings
-from spectui.engine.worker import EngineWorker, LoadRequest, WorkerError, prepare
+from spectui.engine.channel import Stop
+from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, WorkerError, prepare
 
 QUESTION = "What is the capital of France?"
 
@@ -103,14 +106,49 @@ def test_loading_failure_is_one_line(embedded_dir, tmp_path):
     assert not worker.process.is_alive()
 
 
+def test_the_real_engine_answers_garbage_and_stale_control_and_goes_on(worker):
+    rejected = len(worker.rejected)
+    worker.conn.send(("chat", None, [("user", "an old-protocol tuple")]))
+    worker.conn.send_bytes(b"\x80\x04 not a pickle")
+    worker.conn.send(Stop(turn=worker.turn + 50))  # another turn's stop: dropped, not carried into this one
+    conversation = ask(QUESTION)
+    events = list(worker.chat(conversation, GenerationSettings(max_new_tokens=8)))
+    assert events[-1].finished and events[-1].stop_reason != "stopped" and events[-1].total_tokens == 8
+    assert len(worker.rejected) == rejected + 2 and all("cannot use" in r for r in worker.rejected[rejected:])
+    assert worker.process.is_alive()
+
+
+def test_an_abandoned_turn_does_not_leak_into_the_next(worker):
+    first = ask("Write a long story about a dragon who learns to cook.")
+    events = worker.chat(first, GenerationSettings(max_new_tokens=200))
+    got = [next(events), next(events)]
+    events.close()  # the caller stops reading: the engine is told to stop that turn
+    assert first.messages[-1].content == "".join(e.new_text for e in got)
+    second = ask(QUESTION)
+    answer = list(worker.chat(second, GenerationSettings(max_new_tokens=16, tree_shape=(1, 1, 1))))
+    assert answer[0].step == 0 and answer[-1].finished  # this turn's steps only, from its prefill on
+    assert "Paris" in second.messages[-1].content and "dragon" not in second.messages[-1].content.lower()
+
+
 def test_a_dead_engine_process_is_reported(embedded_dir, tmp_path):
     prepare()
     log = tmp_path / "engine.log"
+    log.write_text("an earlier engine's line\n")
     worker = EngineWorker(LoadRequest("smollm2-135m", log_file=str(log)))
     worker.wait_loaded()
-    worker.process.kill()
-    worker.process.join(10)
-    with pytest.raises(WorkerError, match="engine process exited") as failure:
+    conversation = ask("Write a long story about a dragon who learns to cook.")
+    streamed = []
+    with pytest.raises(EngineDied, match="engine process exited") as failure:
+        for event in worker.chat(conversation, GenerationSettings(max_new_tokens=200)):
+            streamed.append(event.new_text)
+            if len(streamed) == 2:
+                with open(log, "a") as out:
+                    out.write("the child's last words\n")
+                worker.process.kill()
+    assert failure.value.exit_code == -9 and "killed by SIGKILL" in str(failure.value)
+    assert "the child's last words" in str(failure.value) and str(log) in str(failure.value)
+    assert "an earlier engine's line" not in failure.value.log_tail  # only this engine's lines
+    assert conversation.messages[-1].content == "".join(streamed) and len(streamed) >= 2  # nothing streamed is lost
+    with pytest.raises(EngineDied):
         list(worker.chat(ask(QUESTION), GenerationSettings(max_new_tokens=4)))
-    assert str(log) in str(failure.value)
     worker.close()

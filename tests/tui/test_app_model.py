@@ -115,16 +115,56 @@ async def test_generation_failures_are_shown_and_the_conversation_kept(model_hom
         notice = str(app.chat.query_one("#notice").render())
         assert "Generation failed" in notice and "ContextError" in notice
         assert app.is_running
-        # the engine process dies: the next turn fails with the reason, the app keeps running
+        # the engine process dies between turns: noticed, said once, a send is refused (the text stays typed)
+        first_pid = app.engine.process.pid
         app.engine.process.kill()
-        app.engine.process.join(10)
-        app.config.max_new_tokens = 8
-        await app.send("And now?")
-        await wait_for(pilot, lambda: not app.generating, 60, "the second failed turn")
+        await wait_for(pilot, lambda: app.link.state == "dead", 10, "the death to be noticed")
         await pilot.pause(0.2)
-        assert "engine process exited" in str(app.chat.query_one("#notice").render())
+        notice = str(app.chat.query_one("#notice").render())
+        assert "engine process exited (killed by SIGKILL)" in notice and "ctrl+r" in notice
+        await pilot.click("#prompt")
+        app.chat.query_one("#prompt").insert("And now?")
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert not app.generating and app.chat.query_one("#prompt").text == "And now?"
+        # ctrl+r restarts it once, however often it is asked; the typed text is then answered
+        await pilot.press("ctrl+r")
+        app.action_restart_engine()
+        assert app.link.starts == 2
+        await wait_for(pilot, lambda: app.engine is not None or app.load_error, 300, "the restart")
+        assert app.load_error is None and app.engine.process.pid != first_pid
+        app.config.max_new_tokens = 8
+        await pilot.click("#prompt")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.generating and app.chat.last_answer(), 60, "the answer")
         assert app.is_running
         record_id = app.record.id
     store = Store(paths.history_db())
-    assert [m.content for m in store.messages(record_id) if m.role == "user"] == ["Will this work?", "And now?"]
+    messages = store.messages(record_id)
+    assert [m.content for m in messages if m.role == "user"] == ["Will this work?", "And now?"]
+    assert messages[-1].role == "assistant" and messages[-1].content
     store.close()
+
+
+@pytest.mark.slow
+async def test_engine_killed_mid_answer_saves_the_partial_answer_and_restarts(model_home):
+    app = SpecTuiApp(overrides={"max_new_tokens": 300})
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(app, pilot, "Write a long story about a dragon who learns to cook.")
+        tree = app.chat.query_one(TokenTreeView)
+        await wait_for(pilot, lambda: len(tree.events) >= 3, 120, "a few steps")
+        app.engine.process.kill()
+        await wait_for(pilot, lambda: not app.generating, 30, "the turn to end")
+        await pilot.pause(0.3)
+        streamed = "".join(e.new_text for e in tree.events)
+        assert streamed and app.chat.last_answer() == streamed
+        notice = str(app.chat.query_one("#notice").render())
+        assert "killed by SIGKILL" in notice and "What it streamed is saved" in notice and "Traceback" not in notice
+        assert app.chat.status.state == "engine stopped"
+        store = Store(paths.history_db())
+        assert [(m.role, m.content) for m in store.messages(app.record.id)][-2:] == [
+            ("user", "Write a long story about a dragon who learns to cook."), ("assistant", streamed)]
+        store.close()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.engine is not None, 300, "the restart")
+        assert app.link.starts == 2 and not app.chat.query_one("#notice").display

@@ -1,0 +1,152 @@
+"""EngineLink: the app's side of the engine process, its lifecycle and its turns.
+
+One link per app. States: "off" (nothing started), "starting" (a loader thread waits for the
+models), "ready", "failed" (loading failed), "dead" (the process went away, mid-answer or idle).
+`start` does nothing unless the state is off, failed or dead, so Retry / Restart pressed twice,
+or while loading, starts one engine, never two. Restarting is always explicit (`start`).
+
+Everything crosses to the app as messages (messages.py): LoadProgress, ModelsLoaded,
+LoadFailed while starting; StepArrived per verifier step and one TurnFinished per turn, which
+carries the streamed (possibly partial) reply whatever ended the turn; EngineLost when the
+process is found gone between turns (`check`, polled by the app).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from . import paths
+from .engine.worker import EngineDied, EngineWorker, LoadRequest, WorkerError, default_log_file
+from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
+
+
+class EngineLink:
+    def __init__(self, app, model: str, ssms: tuple[str, ...], quant: str, device: str, trace=None) -> None:
+        self.app = app
+        self.request = LoadRequest(model, ssms, quant, device, log_file=str(default_log_file()),
+                                   cost_cache=str(paths.cache_dir() / "costs"))
+        self.trace = trace
+        self.state = "off"
+        self.worker: EngineWorker | None = None  # the ready engine
+        self.loading: EngineWorker | None = None  # the engine being loaded
+        self.info = None
+        self.reason: str | None = None  # why the state is failed or dead
+        self.starts = 0  # engine processes started by this link
+        self.generating = False
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ---- lifecycle
+    def start(self) -> bool:
+        """Start an engine process unless one is starting or running; True when one was started."""
+        with self._lock:
+            if self._closed or self.state in ("starting", "ready"):
+                return False
+            self.state, self.reason = "starting", None
+            self.starts += 1
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        # a daemon thread, not a Textual worker: ctrl+q must not wait for a long first fetch
+        threading.Thread(target=self._load, name="spectui-load", daemon=True).start()
+        return True
+
+    def _load(self) -> None:
+        def progress(stage: str, fraction: float | None = None) -> None:
+            self.app.post_message(LoadProgress(stage, fraction))
+
+        progress("starting the engine process", None)
+        try:
+            worker = self.loading = EngineWorker(self.request)
+            info = worker.wait_loaded(progress)
+        except (WorkerError, OSError) as exc:  # shown in the app, which keeps running
+            with self._lock:
+                self.loading = None
+                self.state, self.reason = "failed", str(exc)
+            self.app.post_message(LoadFailed(str(exc)))
+            return
+        with self._lock:
+            self.loading = None
+            if self._closed:
+                worker.close()
+                return
+            self.worker, self.info, self.state = worker, info, "ready"
+        self.app.post_message(ModelsLoaded(info, worker))
+
+    def check(self) -> None:
+        """Between turns: post EngineLost once when the ready engine's process has gone."""
+        if self.state == "ready" and not self.generating and self.worker is not None:
+            died = self.worker.check()
+            if died is not None:
+                self._dead(died)
+                self.app.post_message(EngineLost(str(died)))
+
+    def _dead(self, died: EngineDied) -> None:
+        with self._lock:
+            if self.state == "ready":
+                self.state, self.reason = "dead", str(died)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers = [w for w in (self.worker, self.loading) if w is not None]
+        for worker in workers:
+            worker.close()
+
+    # ---- turns
+    def begin_turn(self, record, history, text: str, settings, ssms: list[str]) -> None:
+        self.generating = True
+        self.worker.set_step_mode(self.app.config.step_mode)
+        self.app.run_worker(lambda: self._turn(record, history, text, settings, ssms), thread=True,
+                            exclusive=True, group="generate")
+
+    def _turn(self, record, history, text: str, settings, ssms: list[str]) -> None:
+        from .engine.chat import Conversation
+        from .engine.events import RunInfo, write_trace
+
+        conversation = Conversation(system=record.system)
+        for message in history:
+            if message.content:
+                conversation.add(message.role, message.content)
+        conversation.add("user", text)
+        last, error, died = None, None, False
+        try:
+            with contextlib.ExitStack() as stack:
+                events = self.worker.chat(conversation, settings)
+                stack.callback(events.close)
+                if self.trace is not None:
+                    info = self.info
+                    run = RunInfo(
+                        model=info.model, ssms=ssms, device=info.device, quant=info.quant,
+                        attention_backend=info.attention_backend, prompt=text, system=record.system,
+                        temperature=settings.temperature, top_p=settings.top_p,
+                        tree_shape=settings.tree_shape if settings.auto else list(settings.tree_shape),
+                        max_new_tokens=settings.max_new_tokens, merge=settings.merge,
+                    )
+                    events = write_trace(stack.enter_context(open(self.trace, "a", encoding="utf-8")), run, events)
+                for event in events:
+                    last = event
+                    self.app.post_message(StepArrived(event))
+        except EngineDied as exc:
+            error, died = str(exc), True
+            self._dead(exc)
+        except Exception as exc:  # noqa: BLE001 - shown in the app; the partial answer is kept
+            error = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}".splitlines()[0]
+        finally:
+            reply = conversation.messages[-1].content if conversation.messages[-1].role == "assistant" else ""
+            self.generating = False
+            reason = last.stop_reason if last is not None else None
+            self.app.post_message(TurnFinished(reply, reason, error, died))
+
+    def stop(self) -> None:
+        if self.generating and self.worker is not None:
+            self.worker.request_stop()
+
+    def advance(self) -> None:
+        if self.worker is not None:
+            self.worker.advance()
+
+    def set_step_mode(self, on: bool) -> None:
+        if self.worker is not None and self.state == "ready":
+            self.worker.set_step_mode(on)

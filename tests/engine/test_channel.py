@@ -1,0 +1,162 @@
+"""The engine channel against a fake engine process: a real spawned child speaking engine/channel.py
+that sends garbage, dies, stalls and replies late. The real engine's side is in test_worker.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fake_engine import WORDS, serve, words_for
+
+from spectui.engine.channel import Advance, Chat, Done, Rejected, Step, Stop
+from spectui.engine.chat import Conversation
+from spectui.engine.settings import GenerationSettings
+from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, prepare
+
+SETTINGS = GenerationSettings(max_new_tokens=8)
+
+
+def start(script: str, **options) -> EngineWorker:
+    prepare()
+    worker = EngineWorker(LoadRequest(script), serve=serve, **options)
+    worker.wait_loaded()
+    return worker
+
+
+def ask(text: str) -> Conversation:
+    conversation = Conversation()
+    conversation.add("user", text)
+    return conversation
+
+
+def test_a_turn_streams_every_step_and_the_reply():
+    worker = start("fake")
+    try:
+        conversation = ask("q1")
+        texts = [e.new_text for e in worker.chat(conversation, SETTINGS)]
+        assert texts == words_for("q1")
+        assert conversation.messages[-1].content == "".join(words_for("q1"))
+        assert worker.info.model == "fake" and worker.turn == 1
+    finally:
+        worker.close()
+
+
+def test_garbage_from_the_engine_is_dropped_and_the_turn_completes():
+    worker = start("garbage")
+    try:
+        for prompt in ("g1", "g2"):
+            conversation = ask(prompt)
+            assert [e.new_text for e in worker.chat(conversation, SETTINGS)] == words_for(prompt)
+        assert worker.garbage == 6  # three pieces of garbage per turn, none of them taken for a step
+    finally:
+        worker.close()
+
+
+def test_unknown_messages_to_the_engine_are_rejected_and_it_keeps_serving():
+    worker = start("fake")
+    try:
+        worker.conn.send(("chat", "an old-protocol tuple"))
+        worker.conn.send_bytes(b"\x80\x04 not a pickle")
+        conversation = ask("after")
+        assert [e.new_text for e in worker.chat(conversation, SETTINGS)] == words_for("after")
+        assert len(worker.rejected) == 2 and all("cannot use" in r for r in worker.rejected)
+        assert worker.process.is_alive()
+    finally:
+        worker.close()
+
+
+def test_death_mid_turn_keeps_the_streamed_part_and_says_how():
+    worker = start("die:3")
+    try:
+        conversation = ask("d")
+        got = []
+        with pytest.raises(EngineDied) as died:
+            for event in worker.chat(conversation, SETTINGS):
+                got.append(event.new_text)
+        assert got == words_for("d")[:3]
+        assert conversation.messages[-1].content == "".join(got)  # the partial answer is kept
+        assert died.value.exit_code == 3 and "code 3" in str(died.value)
+        assert "out of memory in step 3" in str(died.value) and "\n" not in str(died.value)
+        with pytest.raises(EngineDied):  # a dead worker stays dead: restarting is explicit
+            list(worker.chat(ask("again"), SETTINGS))
+        assert worker.check() is died.value
+    finally:
+        worker.close()
+
+
+def test_a_stalled_engine_is_ended_after_the_stop_grace():
+    worker = start("stall", stop_grace_s=1.0)
+    try:
+        conversation = ask("s")
+        got = []
+        began = time.monotonic()
+        with pytest.raises(EngineDied, match="did not stop within 1 s"):
+            for event in worker.chat(conversation, SETTINGS):
+                got.append(event.new_text)
+                if len(got) == 2:
+                    worker.request_stop()
+        assert time.monotonic() - began < 10
+        assert conversation.messages[-1].content == "".join(words_for("s")[:2])
+        worker.process.join(5)
+        assert not worker.process.is_alive()
+    finally:
+        worker.close()
+
+
+def test_late_replies_of_an_abandoned_turn_are_dropped():
+    worker = start("late")
+    try:
+        first = ask("old")
+        events = worker.chat(first, SETTINGS)
+        assert next(events).new_text == words_for("old")[0]
+        events.close()  # the caller gives the turn up; the engine still sends the rest of it
+        assert first.messages[-1].content == words_for("old")[0]
+        second = ask("new")
+        assert [e.new_text for e in worker.chat(second, SETTINGS)] == words_for("new")
+        assert worker.stale == len(WORDS)  # the old turn's remaining steps and its Done
+    finally:
+        worker.close()
+
+
+def test_stop_and_advance_act_only_on_their_own_turn():
+    worker = start("fake")
+    try:
+        worker.set_step_mode(True)
+        worker.conn.send(Advance(turn=99))  # another turn's advance must not release this turn
+        worker.conn.send(Stop(turn=99))
+        events, done = [], threading.Event()
+
+        def run():
+            events.extend(e.new_text for e in worker.chat(ask("p"), SETTINGS))
+            done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        deadline = time.monotonic() + 10
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert len(events) == 1  # paused after the first step
+        worker.advance()
+        time.sleep(0.5)
+        assert len(events) == 2
+        worker.set_step_mode(False)
+        assert done.wait(10) and events == words_for("p")
+    finally:
+        worker.close()
+
+
+def test_the_raw_channel_names_the_turn_in_every_reply():
+    worker = start("fake")
+    try:
+        worker.conn.send(Chat(7, None, (("user", "raw"),), SETTINGS))
+        replies = [worker.conn.recv() for _ in WORDS] + [worker.conn.recv()]
+        assert all(isinstance(r, Step) and r.turn == 7 for r in replies[:-1])
+        assert isinstance(replies[-1], Done) and replies[-1].turn == 7 and replies[-1].reply == "".join(words_for("raw"))
+        worker.conn.send(Chat(8, None, (("user", "x"), "not a pair"), SETTINGS))  # malformed: answered, not fatal
+        rejected = worker.conn.recv()
+        assert isinstance(rejected, Rejected) and "malformed" in rejected.reason
+        assert worker.process.is_alive()
+    finally:
+        worker.close()
+
