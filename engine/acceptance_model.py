@@ -20,16 +20,31 @@ token every step commits). A node several speculators proposed takes the best of
 
 Every verified step is folded in by `observe`; `calibration()` reports predicted against observed
 acceptance per cell (the bench writes it to JSON).
+
+What was learned outlives the process: `save` writes the cells to a JSON file the caller names
+(the engine does after every answer), `load` reads them back with each cell's counts scaled down
+to at most REMEMBERED trials, so a new process starts where the last one stopped (its first answer
+drafts as well as its hundredth) while a few steps of a new topic still move every cell.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 DEPTH_BUCKETS = (1, 2, 3, 4, 6, 9)  # bucket b holds depths [DEPTH_BUCKETS[b], DEPTH_BUCKETS[b+1])
 PROB_BINS = 10  # SSM confidence bins over q in [0, 1]
 MAX_MATCH = 8  # n-gram confidence bins: match length 1..MAX_MATCH (longer clipped)
 PRIOR_WEIGHT = 4.0
+REMEMBERED = 64  # trials per cell a saved model keeps when read back
+SAVE_VERSION = 1
+
+
+def acceptance_path(folder: Path, model: str, quant: str) -> Path:
+    """Where a model's learned acceptance is kept: one file per verifier, quantisation and speculators."""
+    return Path(folder) / f"acceptance-{hashlib.sha256(f'{model}|{quant}'.encode()).hexdigest()[:16]}.json"
 
 
 def depth_bucket(depth: int) -> int:
@@ -113,3 +128,31 @@ class AcceptanceModel:
                 "observed": round(cell.hits / cell.trials, 4),
             })
         return rows
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: Path) -> None:
+        """The observed cells as JSON (written to a temp file and renamed)."""
+        rows = [[s, b, c, cell.hits, cell.trials] for (s, b, c), cell in sorted(self.cells.items()) if cell.trials]
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": SAVE_VERSION, "cells": rows}), encoding="utf-8")
+        tmp.replace(path)
+
+    def load(self, path: Path) -> bool:
+        """Fold in the cells saved at `path` for this model's speculators (each at most REMEMBERED
+        trials); False when there is no usable file."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            if data.get("version") != SAVE_VERSION:
+                return False
+            rows = [(str(s), int(b), int(c), float(h), float(t)) for s, b, c, h, t in data["cells"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        for speculator, bucket, conf_bin, hits, trials in rows:
+            if speculator not in self.kinds or trials <= 0 or not 0 <= hits <= trials:
+                continue
+            scale = min(1.0, REMEMBERED / trials)
+            cell = self.cells.setdefault((speculator, bucket, conf_bin), Cell(self.prior(speculator, conf_bin)))
+            cell.hits, cell.trials = hits * scale, trials * scale
+        return True

@@ -364,6 +364,7 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
 
     The engine's cost model (costs.py) is read from `cost_cache` or measured there (about a second).
     """
+    from .acceptance_model import acceptance_path
     from .calibrate import prepare_costs
     from .costs import CostKey
     from .presets import resolve_model, resolve_ssm
@@ -381,6 +382,8 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
                       quant=quant, device=models.device, threads=torch.get_num_threads(),
                       attention=models.attention_backend)
         prepare_costs(engine, cost_cache, key)
+        if cost_cache is not None:  # what the auto tree learned, kept per verifier, quant and speculators
+            engine.remember_acceptance(acceptance_path(cost_cache, key.model, quant))
     return models, engine
 
 

@@ -92,6 +92,7 @@ class SpeculativeEngine:
         self.auto: AutoDrafting | None = None
         self.cached_ids: list[int] = []  # the tokens whose key/values the verifier cache holds after an answer
         self.prefilled = 0  # prompt tokens the last answer's prefill computed (the rest were reused)
+        self.acceptance_file = None  # where the acceptance model is kept between processes (remember_acceptance)
 
     @property
     def speculator_names(self) -> list[str]:
@@ -147,12 +148,25 @@ class SpeculativeEngine:
                 event.finished, event.stop_reason = True, "stopped"
             if event.finished:
                 self.cached_ids = committed[:-1]  # the cache invariant: all but the newest token
+                self.save_acceptance()
             yield event
             if event.finished:
                 return
             step += 1
             start = time.perf_counter()
             result = self.speculate_step(committed, drafters, settings, generator)
+
+    def remember_acceptance(self, path) -> bool:
+        """Start from the acceptance model saved at `path` (if any) and save it there after every answer."""
+        self.acceptance_file = path
+        return self.acceptance_model.load(path)
+
+    def save_acceptance(self) -> None:
+        if self.acceptance_file is not None and self.auto is not None:
+            try:
+                self.acceptance_model.save(self.acceptance_file)
+            except OSError:
+                pass  # an unwritable cache costs what was learned, nothing else
 
     def measure_speedup(self, event: StepEvent, result: StepResult, prefix_len: int, stats: RunningStats) -> None:
         """The answer's speed-up over incremental decoding so far, from timed steps (speedup.py)."""

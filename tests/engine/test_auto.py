@@ -62,3 +62,22 @@ def test_chat_turns_prefill_only_what_is_new(engine, embedded_models):
     fresh = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
     expected = [t for e in fresh.generate(ids, settings) for t in e.new_tokens]
     assert answer == expected
+
+
+def test_what_the_auto_tree_learned_outlives_the_engine(embedded_models, tmp_path):
+    from spectui.engine.acceptance_model import REMEMBERED, acceptance_path
+
+    m = embedded_models
+    path = acceptance_path(tmp_path, "smollm2-135m:ngram", "nf4")
+    first = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
+    assert not first.remember_acceptance(path)  # nothing saved yet
+    prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat."
+    ids = encode_chat(m.tokenizer, [{"role": "user", "content": prompt}])
+    list(first.generate(ids, GenerationSettings(max_new_tokens=40)))
+    learned = {k: c for k, c in first.acceptance_model.cells.items() if c.trials}
+    assert learned and path.exists()  # saved after the answer
+    second = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
+    assert second.remember_acceptance(path)
+    for key, cell in learned.items():  # the same estimates before its first step
+        kept = second.acceptance_model.cells[key]
+        assert kept.trials == min(cell.trials, REMEMBERED) and kept.mean == pytest.approx(cell.mean, abs=0.05)

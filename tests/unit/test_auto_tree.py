@@ -69,3 +69,20 @@ def test_node_budget_and_obvious_choices():
     assert select_nodes(tree, sure, cost, 1 / cost(1), budget=8).size == 8
     hopeless = node_values(tree, lambda i: 0.01)
     assert select_nodes(tree, hopeless, cost, 1 / cost(1)).size == 1  # decode one token
+
+
+def test_saved_acceptance_is_capped_and_ignores_strangers(tmp_path):
+    from spectui.engine.acceptance_model import REMEMBERED, AcceptanceModel
+
+    model = AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"})
+    for k in range(1000):
+        model.observe({"ssm": 7}, 1, accepted=k % 4 != 0)  # 75 % accepted, 1000 trials
+    model.observe({"ngram": 3}, 2, accepted=True)
+    model.save(tmp_path / "a.json")
+    fresh = AcceptanceModel(kinds={"ssm": "model"})  # the n-gram drafter is gone from this engine
+    assert fresh.load(tmp_path / "a.json")
+    cell = fresh.cell("ssm", 1, 7)
+    assert cell.trials == REMEMBERED and cell.hits == 0.75 * REMEMBERED  # the rate kept, the weight capped
+    assert all(s == "ssm" for s, _, _ in fresh.cells)
+    (tmp_path / "bad.json").write_text("{not json", encoding="utf-8")
+    assert not AcceptanceModel(kinds={"ssm": "model"}).load(tmp_path / "bad.json")
