@@ -52,6 +52,7 @@ class SpecTuiApp(App):
         replay_name: str = "",
         autoplay: bool = True,
         autoload: bool = True,
+        engine_threads: int | None = None,  # torch threads of the engine process (None: one core left to the UI)
     ) -> None:
         super().__init__()
         self.model_spec, self.ssm_specs, self.quant, self.device_spec = model, tuple(ssms), quant, device
@@ -62,7 +63,7 @@ class SpecTuiApp(App):
         if step_mode is not None:
             self.config.step_mode = step_mode
         self.info = None  # ModelInfo of the loaded models
-        self.link = EngineLink(self, model, self.ssm_specs, quant, device, trace)
+        self.link = EngineLink(self, model, self.ssm_specs, quant, device, trace, engine_threads)
         self.load_error: str | None = None
         self.generating = False
         self.store: Store | None = None

@@ -89,6 +89,7 @@ def tui_bench(
     limit: int = typer.Option(4, "--limit", help="use the first N prompts"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
     rounds: int = typer.Option(2, "--rounds", help="alternating headless/app rounds; medians are reported"),
+    engine_threads: Optional[int] = typer.Option(None, "--engine-threads", help="torch threads of the app's engine process (default: one core left to the UI)"),
 ) -> None:
     """Tokens/s with the chat app consuming the StepEvents vs headless, on the same prompts."""
     import json
@@ -98,11 +99,11 @@ def tui_bench(
     from .tui_bench import compare
 
     with friendly_errors():
-        if limit < 1 or rounds < 1 or max_new_tokens < 1:
-            raise UsageFailure("--limit, --rounds and --max-new-tokens must be at least 1")
+        if limit < 1 or rounds < 1 or max_new_tokens < 1 or (engine_threads is not None and engine_threads < 1):
+            raise UsageFailure("--limit, --rounds, --max-new-tokens and --engine-threads must be at least 1")
         texts = read_prompts(prompts, limit)
         models, engine = load(model, ssm, quant, device)
-        report = compare(models, engine, dict(model=model, ssms=tuple(ssm or ()), quant=quant, device=device), texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))
+        report = compare(models, engine, dict(model=model, ssms=tuple(ssm or ()), quant=quant, device=device, engine_threads=engine_threads), texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))
         typer.echo(json.dumps(report, indent=2))
         typer.echo(
             f"app {report['app_tokens_per_s']} tokens/s vs headless {report['headless_tokens_per_s']} tokens/s: "

@@ -22,10 +22,11 @@ from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepAr
 
 
 class EngineLink:
-    def __init__(self, app, model: str, ssms: tuple[str, ...], quant: str, device: str, trace=None) -> None:
+    def __init__(self, app, model: str, ssms: tuple[str, ...], quant: str, device: str, trace=None,
+                 threads: int | None = None) -> None:
         self.app = app
         self.request = LoadRequest(model, ssms, quant, device, log_file=str(default_log_file()),
-                                   cost_cache=str(paths.cache_dir() / "costs"))
+                                   cost_cache=str(paths.cache_dir() / "costs"), threads=threads)
         self.trace = trace
         self.state = "off"
         self.worker: EngineWorker | None = None  # the ready engine

@@ -89,10 +89,10 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
     from .engine.worker import EngineWorker, LoadRequest, engine_threads
     from .widgets.token_tree import TokenTreeView
 
-    thread_counts = sorted({torch.get_num_threads(), engine_threads(None)})
+    thread_counts = sorted({torch.get_num_threads(), engine_threads(spec.get("engine_threads"))})
     # headless in an engine process of its own, exactly like the app's but with nobody drawing
     worker = EngineWorker(LoadRequest(spec["model"], tuple(spec.get("ssms", ())), spec["quant"], spec["device"],
-                                       cost_cache=str(paths.cache_dir() / "costs")))
+                                       cost_cache=str(paths.cache_dir() / "costs"), threads=spec.get("engine_threads")))
     await asyncio.to_thread(worker.wait_loaded)
 
     def run_worker(prompt: str) -> Throughput:

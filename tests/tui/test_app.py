@@ -141,3 +141,11 @@ async def test_copy_and_export(fresh_home):
         app.action_export()
         exported = list((paths.data_dir() / "exports").glob("*.md"))
         assert len(exported) == 1 and "Paris." in exported[0].read_text()
+
+
+def test_engine_threads_reach_the_engine_process_request(fresh_home):
+    from spectui.engine.worker import engine_threads
+
+    assert SpecTuiApp(autoload=False, engine_threads=2).link.request.threads == 2
+    default = SpecTuiApp(autoload=False).link.request.threads
+    assert default is None and engine_threads(default) >= 1  # one core left to the UI unless told otherwise
