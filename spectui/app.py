@@ -52,7 +52,7 @@ class SpecTuiApp(App):
         replay_name: str = "",
         autoplay: bool = True,
         autoload: bool = True,
-        engine_threads: int | None = None,  # torch threads of the engine process (None: one core left to the UI)
+        engine_threads: int | None = None,  # torch threads of the engine process (None: every core)
     ) -> None:
         super().__init__()
         self.model_spec, self.ssm_specs, self.quant, self.device_spec = model, tuple(ssms), quant, device

@@ -89,7 +89,7 @@ def tui_bench(
     limit: int = typer.Option(4, "--limit", help="use the first N prompts"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
     rounds: int = typer.Option(2, "--rounds", help="alternating headless/app rounds; medians are reported"),
-    engine_threads: Optional[int] = typer.Option(None, "--engine-threads", help="torch threads of the app's engine process (default: one core left to the UI)"),
+    engine_threads: Optional[int] = typer.Option(None, "--engine-threads", help="torch threads of the app's engine process (default: every core)"),
 ) -> None:
     """Tokens/s with the chat app consuming the StepEvents vs headless, on the same prompts."""
     import json

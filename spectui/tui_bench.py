@@ -3,7 +3,7 @@
 The same prompts are answered (greedy, same max new tokens) headless and through the app, per
 prompt and round back to back, the order alternating, so background load and warm-up fall on
 both sides alike. Headless runs three ways, StepEvents simply consumed: the engine in this process
-at torch's default thread count and at the app's engine thread count (one core left to the UI),
+at torch's default thread count and at the app's engine thread count (every core unless --engine-threads),
 and an engine process of its own exactly like the app's; the fastest total is the baseline. The app is `SpecTuiApp` as `spectui chat`
 runs it (headless Textual: everything is laid out and rendered, only the terminal write is
 missing), its engine in its own process, turns sent through `SpecTuiApp.send` exactly as a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from spectui import paths
@@ -148,4 +150,4 @@ def test_engine_threads_reach_the_engine_process_request(fresh_home):
 
     assert SpecTuiApp(autoload=False, engine_threads=2).link.request.threads == 2
     default = SpecTuiApp(autoload=False).link.request.threads
-    assert default is None and engine_threads(default) >= 1  # one core left to the UI unless told otherwise
+    assert default is None and engine_threads(default) == (os.cpu_count() or 1)  # every core: measured best
