@@ -62,3 +62,66 @@ def test_chat_in_tmux(model_home):
     messages = store.messages(store.last().id)
     assert [m.role for m in messages] == ["user", "assistant"] and "Paris" in messages[1].content
     store.close()
+
+
+def wait_answers(db_path, known: set[int], count: int, session: str, timeout: float = 300) -> None:
+    """Until the conversations not in `known` hold `count` saved answers (read while the app writes: WAL)."""
+    import sqlite3
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        db = sqlite3.connect(db_path)
+        try:
+            rows = db.execute("SELECT conversation_id FROM messages WHERE role = 'assistant'").fetchall()
+        finally:
+            db.close()
+        if sum(1 for (conversation,) in rows if conversation not in known) >= count:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for answer {count}; screen:\n{screen(session)}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_history_survives_kill_9_of_the_whole_app_mid_answer(model_home):
+    """Two answered turns, a third killed mid-answer with SIGKILL (app and engine process alike):
+    every committed message is intact, the database passes its integrity check and opens again."""
+    import signal
+    import sqlite3
+
+    session = f"spectui-kill-{os.getpid()}"
+    pid_file = model_home / "app.pid"
+    command = f"sh -c 'echo $$ > {pid_file}; exec env SPECTUI_HOME={model_home} {SPECTUI} chat --max-new-tokens 24'"
+    before = Store(model_home / "data" / "history.sqlite3")
+    known = {c.id for c in before.list()}
+    before.close()
+    assert tmux("new-session", "-d", "-s", session, "-x", "140", "-y", "42", command).returncode == 0
+    try:
+        wait_screen(session, lambda s: "ready" in s, 300, "the model to load")
+        tmux("send-keys", "-t", session, "C-n")
+        for answers, question in enumerate(("Name a colour.", "Name a fruit."), 1):
+            tmux("send-keys", "-t", session, "-l", question)
+            tmux("send-keys", "-t", session, "Enter")
+            wait_answers(model_home / "data" / "history.sqlite3", known, answers, session)
+        tmux("send-keys", "-t", session, "C-n")  # the 2 turns are saved; a third starts a long answer
+        tmux("send-keys", "-t", session, "-l", "Write a long story about a lighthouse keeper.")
+        tmux("send-keys", "-t", session, "Enter")
+        time.sleep(1.5)  # mid-answer: the user message is committed, the answer streams
+        app_pid = int(pid_file.read_text())
+        children = subprocess.run(["pgrep", "-P", str(app_pid)], capture_output=True, text=True).stdout.split()
+        for pid in [app_pid, *map(int, children)]:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        tmux("kill-server")
+    db = sqlite3.connect(model_home / "data" / "history.sqlite3")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db.close()
+    store = Store(model_home / "data" / "history.sqlite3")
+    assert store.notice is None  # not damaged: nothing set aside
+    new = [c for c in store.list() if c.id not in known]
+    contents = [[(m.role, m.content) for m in store.messages(c.id)] for c in new]
+    store.close()
+    first = next(c for c in contents if c and c[0] == ("user", "Name a colour."))
+    assert [role for role, _ in first] == ["user", "assistant", "user", "assistant"]
+    assert first[2] == ("user", "Name a fruit.") and all(text.strip() for _, text in first)
+    assert any(c and c[0] == ("user", "Write a long story about a lighthouse keeper.") for c in contents)
