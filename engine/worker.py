@@ -24,7 +24,7 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -58,7 +58,6 @@ class ModelInfo:
     quant: str
     attention_backend: str
     pid: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class WorkerError(RuntimeError):
