@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 PROMPT  ?= What is the capital of France?
 
-.PHONY: setup run generate test bench clean
+.PHONY: setup run generate test test-fast bench clean
 
 $(BIN)/spectui: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,11 @@ generate: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+# The quick loop (about 80 s here): unit, engine and kernel tests without the embedded model's
+# weights, tmux or slow tests (tests/conftest.py, --fast). CI runs `make test`.
+test-fast: setup
+	$(BIN)/python -m pytest -q --fast tests/unit tests/engine tests/kernels
 
 bench: setup
 	$(BIN)/spectui bench --prompts ../shared/data/vicuna_bench_questions.jsonl --json docs/bench.json

@@ -84,3 +84,24 @@ def make_read_only(path):
 def read_only():
     """make_read_only as a fixture: `with read_only(path): ...`."""
     return make_read_only
+
+
+# `make test-fast` (pytest --fast): the quick loop. Tests that load the embedded model's weights
+# (directly or through the app or the CLI), drive a terminal, or are marked slow are skipped; tiny
+# random models still run (they borrow only the embedded tokenizer).
+HEAVY_FIXTURES = {"embedded_models", "embedded_fp32", "model_home"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true", help="skip tests that load the embedded model or drive tmux")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    skip = pytest.mark.skip(reason="--fast: loads the embedded model, drives a terminal or is slow")
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        direct = "embedded_dir" in names and "tiny_dirs" not in names  # the real model, not just its tokenizer
+        if names & HEAVY_FIXTURES or direct or item.get_closest_marker("slow") or "tmux" in item.nodeid:
+            item.add_marker(skip)
