@@ -271,15 +271,14 @@ def quant_config(quant: str, device: str):
 
 
 def drafter_dtype(device: str) -> torch.dtype:
-    """An SSM's weights: bf16 on CUDA and on CPUs with AVX512-BF16, fp32 elsewhere.
+    """bf16 on CUDA and AVX512-BF16 CPUs, else fp32: a drafter need not be exact, only cheap (here a
+    bf16 SSM forward takes 1.3 ms against 3.4-4.6 ms in fp32, mostly its 49k-row output layer)."""
+    return torch.bfloat16 if device == "cuda" or torch.cpu._is_avx512_bf16_supported() else torch.float32
 
-    A drafter's numbers need not be exact (the verifier decides), only cheap. On these CPUs a
-    bf16 SSM forward takes 1.3 ms against 3.4-4.6 ms in fp32 (hidden 128, 2 layers; most of it
-    the 49k-row output layer: 0.2 ms in bf16 against 1.8-2.6 ms).
-    """
-    if device == "cuda" or torch.cpu._is_avx512_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+
+def load_drafter(folder: Path, device: str):
+    """An SSM as the engine drafts with it (tune and tune-eval measure it the same way)."""
+    return load_causal_lm(folder, device, "none", dtype=drafter_dtype(device))
 
 
 def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "sdpa", dtype: torch.dtype | None = None):
@@ -352,7 +351,7 @@ def load_models(
         ssm_folder = locate(source, progress)
         name = source_name(source)
         note(f"loading SSM {name}", None)
-        ssm = load_causal_lm(ssm_folder, device, "none", dtype=drafter_dtype(device))
+        ssm = load_drafter(ssm_folder, device)
         check_vocabulary(name, ssm, ssm_folder, verifier, tokenizer)
         ssms.append((name, ssm))
     return LoadedModels(preset, verifier, tokenizer, ssms, device, quant, backend)

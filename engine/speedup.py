@@ -38,16 +38,19 @@ class PureSteps:
     recent: deque = field(default_factory=lambda: deque(maxlen=PURE_WINDOW))
     steps: int = 0  # decode steps taken by the engine, all answers
 
+    def near_ms(self, prefix_len: int) -> list[float]:
+        """ms of the recent pure steps timed within MAX_PREFIX_GAP of this prefix."""
+        return [ms for _, prefix, ms in self.recent if abs(prefix - prefix_len) <= MAX_PREFIX_GAP]
+
     def needs_calibration(self, prefix_len: int) -> bool:
-        near = [prefix for _, prefix, _ in self.recent if abs(prefix - prefix_len) <= MAX_PREFIX_GAP]
-        if len(near) < MIN_PURE:
+        if len(self.near_ms(prefix_len)) < MIN_PURE:
             return True
         step, prefix, _ = self.recent[-1]
         return self.steps - step >= MAX_AGE or abs(prefix_len - prefix) > MAX_PREFIX_GAP
 
     def reference_ms(self, prefix_len: int) -> float | None:
-        """Median engine time of the recent pure steps timed within MAX_PREFIX_GAP of this prefix."""
-        near = [ms for _, prefix, ms in self.recent if abs(prefix - prefix_len) <= MAX_PREFIX_GAP]
+        """Median engine time of the recent pure steps timed near this prefix."""
+        near = self.near_ms(prefix_len)
         return statistics.median(near) if near else None
 
     def record(self, prefix_len: int, ms: float, pure: bool) -> None:

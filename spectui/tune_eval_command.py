@@ -41,7 +41,7 @@ def tune_eval(
 
     from . import paths
     from .bench import PromptFileError, read_prompts
-    from .engine.loading import drafter_dtype, load_causal_lm, load_models, locate, source_name
+    from .engine.loading import load_drafter, load_models, locate, source_name
     from .engine.presets import resolve_model, resolve_ssm
     from .engine.tune.heldout import agreement_by_category, greedy_answers
     from .engine.tune.pipeline import chat_template_for
@@ -60,7 +60,7 @@ def tune_eval(
         if not sources:
             raise UsageFailure(f"{preset.name} has no SSMs: name some with --ssm")
         models = load_models(replace(preset, ssms=()), quant=quant, device=device)
-        drafters = [(source_name(s), load_causal_lm(locate(s), models.device, "none", dtype=drafter_dtype(models.device)))
+        drafters = [(source_name(s), load_drafter(locate(s), models.device))
                     for s in sources]
         pairs = [(str(p), p.category) for p in chosen]
         typer.echo(f"answering {len(pairs)} prompts greedily ({max_new_tokens} tokens; cached after the first run)", err=True)

@@ -287,7 +287,7 @@ def tune_ssm(
 
 
 def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_step) -> dict:
-    from ..loading import drafter_dtype, load_causal_lm, load_models
+    from ..loading import load_drafter, load_models
     from .data import collect_answers, split
     from .evaluate import evaluate, predict_topk, report_lines
     from .train import is_finished, to_sequences
@@ -349,7 +349,7 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
             if info.get("tokens_per_s"):
                 throughput[f"ssm-{k}_train_tokens_per_s"] = round(info["tokens_per_s"], 1)
         if k < cfg.ssms:  # the next SSM's boost weights need this one's top-1, as the engine runs it
-            ssm = load_causal_lm(folder, device, "none", dtype=drafter_dtype(device))
+            ssm = load_drafter(folder, device)
             earlier_top1.append([p[:, 0] for p in predict_topk(ssm, train_seqs, 1, cfg.batch_tokens)])
             del ssm
         ssm_entries.append({"name": f"ssm-{k}", "folder": str(folder), "size_mb": round(folder_size(folder) / 1e6, 2),
@@ -357,7 +357,7 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
 
     # 4. agreement on held-out answers
     began = time.perf_counter()
-    loaded = [(e["name"], load_causal_lm(Path(e["folder"]), device, "none", dtype=drafter_dtype(device))) for e in ssm_entries]
+    loaded = [(e["name"], load_drafter(Path(e["folder"]), device)) for e in ssm_entries]
     agreement = evaluate(loaded, held_seqs, cfg.top_k, cfg.batch_tokens)
     timings["evaluate"] = time.perf_counter() - began
     for part in ("all", "greedy"):
