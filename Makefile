@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 PROMPT  ?= What is the capital of France?
 
-.PHONY: setup run generate test test-fast bench clean
+.PHONY: setup run generate test test-fast bench gpu-kit gpu-check clean
 
 $(BIN)/spectui: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,15 @@ test-fast: setup
 
 bench: setup
 	$(BIN)/spectui bench --prompts ../shared/data/vicuna_bench_questions.jsonl --json docs/bench.json
+
+# The GPU kit (docs/gpu.md): gpu-kit here fills .whl/ (the wheels a lent GPU machine lacks);
+# it pins .venv's versions (make setup first). gpu-check runs there, in a copy of the repo that
+# carries .whl: no venv, no network, so no setup.
+gpu-kit:
+	PY=$(BIN)/python bash scripts/gpu_kit.sh
+
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -36,9 +36,11 @@ def time_ms(fn) -> float:
 
 
 @torch.inference_mode()
-def measure_costs(engine, grid=GRID, repeats: int = REPEATS) -> CostModel:
+def measure_costs(engine, grid=GRID, repeats: int = REPEATS, prefix: list[int] | None = None) -> CostModel:
+    """c_verify(T) for T in `grid` (and each model drafter's cost) over `prefix` (default: the synthetic
+    one); the largest T must not exceed len(prefix)."""
     began = time.perf_counter()
-    prefix = synthetic_prefix(engine)
+    prefix = prefix or synthetic_prefix(engine)
     verifier = engine.verifier
     verifier.reset()
     engine.cached_ids = []

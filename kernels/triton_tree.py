@@ -31,6 +31,7 @@ was imported. So the interpreter works whenever TRITON_INTERPRET=1 is set before
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -268,6 +269,52 @@ def _auto_splits(base_programs: int, per_sm: int, n_blocks: int, device: torch.d
     return max(1, min(slots // base_programs, n_blocks // 2, 64))
 
 
+class LaunchPlan(NamedTuple):
+    """Tile sizes, grid and launch options of one forward launch (see `launch_plan`)."""
+
+    block_d: int
+    block_m: int
+    block_n: int
+    grid_m: int  # programs along the [G * T] rows
+    splits: int  # prefix splits actually launched (grid axis 2)
+    blocks_per_split: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_plan(
+    B: int, Hq: int, Hkv: int, T: int, D: int, prefix_len: int, dtype: torch.dtype, device: torch.device | str,
+    *, num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> LaunchPlan:
+    """What `tree_attention_triton` launches for these shapes; None keeps the heuristic choice.
+
+    block_n: prefix / tree tile width, a power of two from 32 to 256 (tree bits come in 32-bit words);
+    num_warps: a power of two from 1 to 16; num_stages >= 1 (software-pipelining depth).
+    """
+    device = torch.device(device)
+    if block_n is not None and block_n not in (32, 64, 128, 256):
+        raise ValueError(f"tree_attention: block_n must be 32, 64, 128 or 256, got {block_n!r}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"tree_attention: num_warps must be a power of two from 1 to 16, got {num_warps!r}")
+    if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
+        raise ValueError(f"tree_attention: num_stages must be an int >= 1, got {num_stages!r}")
+    G = Hq // Hkv
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    BLOCK_M = min(128 if BLOCK_D <= 128 and dtype != torch.float32 else 64, max(16, triton.next_power_of_2(G * T)))
+    BLOCK_N = 64 if block_n is None else block_n  # also the tree tile width; a multiple of 32 (bit words)
+    grid_m = triton.cdiv(G * T, BLOCK_M)
+    n_blocks = triton.cdiv(prefix_len, BLOCK_N)
+    warps, stages, per_sm = _launch_config(BLOCK_M, dtype, device)
+    if num_splits is None:
+        num_splits = _auto_splits(grid_m * B * Hkv, per_sm, n_blocks, device)
+    splits = max(1, min(int(num_splits), max(n_blocks, 1)))
+    blocks_per_split = triton.cdiv(n_blocks, splits) if n_blocks else 0
+    splits = triton.cdiv(n_blocks, blocks_per_split) if n_blocks else 1  # no empty prefix splits
+    return LaunchPlan(BLOCK_D, BLOCK_M, BLOCK_N, grid_m, splits, blocks_per_split,
+                      warps if num_warps is None else num_warps, stages if num_stages is None else num_stages)
+
+
 def tree_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -279,6 +326,9 @@ def tree_attention_triton(
     tree_bits: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Launch the kernel. Same contract as `spectui.kernels.tree_attention`, plus:
 
@@ -286,7 +336,9 @@ def tree_attention_triton(
         (lets a caller pack once per step and reuse it for every layer);
     out: preallocated [B, Hq, T, D] output in q's dtype, any strides with unit last stride
         (e.g. a transposed view of a [B, T, Hq, D] buffer);
-    num_splits: force the number of prefix splits (tests); default picks one per GPU.
+    num_splits: force the number of prefix splits (tests); default picks one per GPU;
+    block_n, num_warps, num_stages: tuning overrides (benchmark sweeps); None keeps the heuristics
+        of `launch_plan`.
     """
     if tree_mask is None and tree_bits is None:
         raise ValueError("tree_attention: pass tree_mask (bool [B, T, T]) or tree_bits")
@@ -307,18 +359,11 @@ def tree_attention_triton(
                          "unit last stride")
     scale = D**-0.5 if scale is None else float(scale)
 
-    G = Hq // Hkv
-    BLOCK_D = max(16, triton.next_power_of_2(D))
-    BLOCK_M = min(128 if BLOCK_D <= 128 and q.dtype != torch.float32 else 64, max(16, triton.next_power_of_2(G * T)))
-    BLOCK_N = 64  # also the tree tile width; a multiple of 32 (bit words)
-    grid_m = triton.cdiv(G * T, BLOCK_M)
-    n_blocks = triton.cdiv(prefix_len, BLOCK_N)
-    num_warps, num_stages, per_sm = _launch_config(BLOCK_M, q.dtype, q.device)
-    if num_splits is None:
-        num_splits = _auto_splits(grid_m * B * Hkv, per_sm, n_blocks, q.device)
-    splits = max(1, min(int(num_splits), max(n_blocks, 1)))
-    blocks_per_split = triton.cdiv(n_blocks, splits) if n_blocks else 0
-    splits = triton.cdiv(n_blocks, blocks_per_split) if n_blocks else 1  # no empty prefix splits
+    plan = launch_plan(B, Hq, Hkv, T, D, prefix_len, q.dtype, q.device, num_splits=num_splits,
+                       block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    G, BLOCK_D, BLOCK_M, BLOCK_N, grid_m = Hq // Hkv, plan.block_d, plan.block_m, plan.block_n, plan.grid_m
+    splits, blocks_per_split = plan.splits, plan.blocks_per_split
+    num_warps, num_stages = plan.num_warps, plan.num_stages
 
     interpreted = q.device.type != "cuda" or bool(triton.knobs.runtime.interpret)
     fwd, combine = _kernels(interpreted)

@@ -1,0 +1,50 @@
+"""The GPU suite's kernel checks, exercised on this CPU as far as they go without a GPU (issue 15):
+
+* tests/gpu/test_kernel_cuda.py's random-case generator, one case per shape family (18), run on
+  CPU tensors through triton's interpreter (this folder's conftest sets TRITON_INTERPRET=1);
+* the kernels compiled for an H100 (sm_90) by triton's own pipeline and ptxas, with no GPU
+  (scripts/triton_sm90_compile.py --quick, in a subprocess: it swaps triton's driver).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_gpu_random_cases_run_interpreted_on_cpu():
+    gpu = load(ROOT / "tests" / "gpu" / "test_kernel_cuda.py", "gpu_kernel_cases")
+    stats = gpu.check_cases("cpu", len(gpu.FAMILIES))
+    assert not stats["failures"], "\n".join(stats["failures"])
+    assert stats["cases"] == len(gpu.FAMILIES) == 18
+    assert 0 < stats["max_tol_ratio"] <= 1.0 and set(stats["max_abs_err"]) == {"float16", "bfloat16"}
+
+
+def test_kernels_compile_for_sm90_without_a_gpu():
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip(f"this triton ships no ptxas ({ptxas})")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "triton_sm90_compile.py"), "--quick"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 kernels compiled for cuda/sm_90; 0 over the shared memory limit" in out.stdout
+    assert "SPLIT': True" in out.stdout and "SPLIT': False" in out.stdout and "spills 0" in out.stdout
