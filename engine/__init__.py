@@ -1,0 +1,65 @@
+"""spectui.engine: SpecInfer-style tree speculation that streams StepEvents. Its public API.
+
+Everything outside engine/ (the CLI, the app, bench, scripts) imports from here; the tuning
+commands from `spectui.engine.tune`. The engine imports nothing of the app: every folder it uses
+is given by its caller (`models_dir`: the model cache; `cost_cache`: measured step costs).
+
+    from spectui.engine import Conversation, GenerationSettings, chat_turn, load_engine
+
+    cache = Path("~/.cache/spectui").expanduser()  # spectui's own folders: spectui/paths.py
+    models, engine = load_engine("smollm2-135m", models_dir=cache / "models", cost_cache=cache / "costs")
+    conversation = Conversation(system=None)
+    conversation.add("user", "What is the capital of France?")
+    for event in chat_turn(engine, models, conversation, GenerationSettings(max_new_tokens=64)):
+        print(event.new_text, end="")  # one StepEvent per verifier step
+
+Load      load_engine(model, ssms, quant, device, progress, cost_cache, models_dir) -> (LoadedModels,
+          SpeculativeEngine); load_models (the models without an engine); resolve_model / resolve_ssm
+          (--model / --ssm values, checked before loading); preset_rows(models_dir) (`spectui models`);
+          QUANTS and pick_device (--quant / --device, checked before loading).
+Generate  SpeculativeEngine.generate(prompt ids, GenerationSettings) yields StepEvents; Conversation
+          (history, chat template, context budget) and chat_turn (one assistant turn of it);
+          encode_chat; GenerationSettings with parse_tree / tree_text and DEFAULT_TREE, DEFAULT_MERGE.
+Events    StepEvent, TreeNode, RunInfo and BONUS_SOURCE (engine/events.py, the only contract with the
+          consumers); write_trace, read_trace, read_runs (JSONL traces, checked whole on reading).
+Process   EngineWorker(LoadRequest) runs load_engine and chat turns in a child process (what the app
+          does); prepare_engine_process (call before a UI takes stderr); engine_threads.
+Errors    ModelSpecError, ModelLoadError (.usage: bad flags), ContextError, TraceError, WorkerError,
+          EngineDied, AttentionBackendError; ValueError from GenerationSettings.
+Files     private_dir, write_private: folders 0700, atomic 0600 files (the engine's cache markers).
+
+Importing this package is cheap: the names that need torch (load_engine, load_models, LoadedModels,
+ModelLoadError, QUANTS, pick_device, SpeculativeEngine, AttentionBackendError) load on first use.
+"""
+
+from importlib import import_module
+
+from .catalog import preset_rows
+from .chat import ContextError, Conversation, chat_turn, encode_chat
+from .events import BONUS_SOURCE, RunInfo, StepEvent, TraceError, TreeNode, read_runs, read_trace, write_trace
+from .files import private_dir, write_private
+from .presets import ModelSpecError, resolve_model, resolve_ssm
+from .settings import DEFAULT_MERGE, DEFAULT_TREE, GenerationSettings, parse_tree, tree_text
+from .worker import EngineDied, EngineWorker, LoadRequest, WorkerError, engine_threads, prepare_engine_process
+
+_LAZY = {  # module -> the names it gives; these modules import torch, so they load on first use (PEP 562)
+    ".loading": ("LoadedModels", "ModelLoadError", "QUANTS", "load_engine", "load_models", "pick_device"),
+    ".speculative": ("SpeculativeEngine",),
+    "..kernels": ("AttentionBackendError",),
+}
+_LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
+
+__all__ = [
+    "BONUS_SOURCE", "DEFAULT_MERGE", "DEFAULT_TREE", "ContextError", "Conversation", "EngineDied", "EngineWorker",
+    "GenerationSettings", "LoadRequest", "ModelSpecError", "RunInfo", "StepEvent", "TraceError", "TreeNode",
+    "WorkerError", "chat_turn", "encode_chat", "engine_threads", "parse_tree", "prepare_engine_process",
+    "preset_rows", "private_dir", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "tree_text",
+    "write_private", "write_trace", *_LAZY_NAMES,
+]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(import_module(_LAZY_NAMES[name], __name__), name)
+    return value

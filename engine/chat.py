@@ -4,7 +4,7 @@
 one for base models), leaving room for `max_new_tokens` inside the context window. When the
 history does not fit, the oldest turns are dropped (the system prompt and the newest user turn
 stay) and a notice says so; when even that does not fit, ContextError explains.
-`chat` drives one assistant turn and always keeps what was generated, even when stopped.
+`chat_turn` drives one assistant turn and always keeps what was generated, even when stopped.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def encode_chat(tokenizer, messages: list[dict], chat_template: str | None = Non
     return list(encoded)
 
 
-def chat(
+def chat_turn(
     engine, models, conversation: Conversation, settings: GenerationSettings, stop: threading.Event | None = None
 ) -> Iterator[StepEvent]:
     """One assistant turn for the conversation's last user message; the reply is appended to it."""

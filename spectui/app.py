@@ -22,7 +22,7 @@ from textual.screen import Screen
 
 from . import paths
 from .config import GENERATION, Config, ConfigError, load_config, save_config
-from .engine.worker import prepare as prepare_engine_process
+from .engine import prepare_engine_process
 from .engine_link import EngineLink
 from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 from .replay import ReplayCursor

@@ -39,8 +39,7 @@ from pathlib import Path
 import torch
 
 from .bench_report import DEFAULT_SPEC, INCREMENTAL, PromptResult, Run, format_table, summarise  # noqa: F401
-from .engine.chat import encode_chat
-from .engine.settings import DEFAULT_TREE, GenerationSettings, tree_text
+from .engine import DEFAULT_TREE, GenerationSettings, encode_chat, tree_text
 
 MERGE_CHOICES = ("union", "vote", "both")
 FIXED_TREE = (1, 1, 1)  # the speculative-fixed row: the default tree before `auto`

@@ -12,10 +12,10 @@ from typing import Optional
 
 import typer
 
-from .cli import DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, app, friendly_errors, text_arg
+from .engine import resolve_model, resolve_ssm
+from .options import DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, friendly_errors, load, text_arg
 
 
-@app.command()
 def chat(
     model: str = ModelOpt,
     ssm: Optional[list[str]] = SsmOpt,
@@ -34,7 +34,6 @@ def chat(
 ) -> None:
     """Open the chat: the answer streams beside the live token tree and acceptance."""
     from .app import SpecTuiApp
-    from .engine.presets import resolve_model, resolve_ssm
 
     with friendly_errors():
         system = text_arg(system)
@@ -60,7 +59,6 @@ def chat(
     app_.run()
 
 
-@app.command()
 def replay(
     trace: Path = typer.Argument(..., help="a trace recorded with --trace"),
     speed: float = typer.Option(1.0, "--speed", help="playback speed (1 = as recorded)"),
@@ -79,7 +77,6 @@ def replay(
     app_.run()
 
 
-@app.command("tui-bench")
 def tui_bench(
     model: str = ModelOpt,
     ssm: Optional[list[str]] = SsmOpt,
@@ -95,7 +92,6 @@ def tui_bench(
     import json
 
     from .bench import read_prompts
-    from .cli import load
     from .tui_bench import compare
 
     with friendly_errors():

@@ -1,24 +1,24 @@
-"""The `spectui` command line (Typer): generate, models, bench.
+"""The `spectui` command line: one Typer app assembled from the command modules.
 
-Exit codes: 0 done, 1 runtime failure, 2 bad usage or input, 130 stopped by Ctrl+C, 141 stdout
-closed by its reader (`spectui generate ... | head -c1`: 128 + SIGPIPE, what a shell reports for
-a tool that SIGPIPE ends; nothing is printed). Errors are one line on stderr, never a traceback.
-Every flag and output path is checked before any model loads. Ctrl+C stops generation within
-one verifier step; what was generated stays on stdout (and in the trace).
+    generate, models, bench      generate_commands.py (the engine without the app)
+    chat, replay, tui-bench      chat_commands.py (the Textual app)
+    tune, tune-eval              tune_command.py, tune_eval_command.py (engine/tune/)
+
+What the commands share (model options, loading, one-line errors and exit codes: 0 done,
+1 runtime failure, 2 bad usage or input, 130 interrupted, 141 stdout closed) is in options.py;
+this module only assembles, in the order `spectui --help` lists them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import sys
-from pathlib import Path
-from typing import Optional
 
 import typer
 
-from .engine.settings import DEFAULT_MERGE, tree_text
+from .chat_commands import chat, replay, tui_bench
+from .generate_commands import bench, generate, models
+from .tune_command import tune
+from .tune_eval_command import tune_eval
 
 app = typer.Typer(
     add_completion=False,
@@ -27,266 +27,9 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Terminal chat on SpecInfer-style tree speculation.",
 )
-
-
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
-
-
-class UsageFailure(Exception):
-    """Bad usage or input: exit 2."""
-
-
-def fail(message: str, code: int) -> None:
-    typer.echo(f"spectui: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def quiet_broken_pipe() -> None:
-    """Stdout's reader went away: exit 141 without a word (and without a flush error at exit)."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
-    raise typer.Exit(EXIT_BROKEN_PIPE)
-
-
-def text_arg(value: str | None) -> str | None:
-    """A text argument as UTF-8: bytes that are not UTF-8 (which Python keeps as lone surrogates) become U+FFFD."""
-    if value is None:
-        return None
-    try:
-        raw = value.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        raw = value.encode("utf-8", "replace")
-    return raw.decode("utf-8", "replace")
-
-
-def check_writable(path: Path, flag: str) -> None:
-    """UsageFailure now, before any model loads, when PATH cannot be written (an existing file is kept as is)."""
-    existed = path.exists()
-    try:
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        raise UsageFailure(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
-    if not existed:
-        path.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def friendly_errors():
-    """Map the engine's errors to one line and an exit code."""
-    from .bench import PromptFileError
-    from .engine.chat import ContextError
-    from .engine.events import TraceError
-    from .engine.loading import ModelLoadError
-    from .engine.presets import ModelSpecError
-    from .kernels import AttentionBackendError
-
-    try:
-        yield
-    except (ModelSpecError, ContextError, PromptFileError, TraceError, UsageFailure, AttentionBackendError) as exc:
-        fail(str(exc), 2)
-    except ModelLoadError as exc:
-        fail(str(exc), 2 if exc.usage else 1)
-    except BrokenPipeError:
-        quiet_broken_pipe()
-    except ValueError as exc:  # settings validation
-        fail(str(exc), 2)
-    except typer.Exit:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user sees one line, not a traceback
-        fail(f"{type(exc).__name__}: {exc}", 1)
-
-
-ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="preset, hub id (org/name), model folder or .gguf file")
-SsmOpt = typer.Option(None, "--ssm", help="add a speculative model (hub id or folder); repeatable")
-QuantOpt = typer.Option("nf4", "--quant", help="verifier weights: nf4, fp4, int8 or none")
-DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda")
-
-
-def load(model: str, ssm: list[str] | None, quant: str, device: str):
-    from . import paths
-    from .engine.loading import load_engine
-
-    return load_engine(model, ssm or (), quant, device, cost_cache=paths.cache_dir() / "costs")
-
-
-def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge=DEFAULT_MERGE):
-    from .engine.settings import GenerationSettings, parse_tree
-
-    return GenerationSettings(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        tree_shape=parse_tree(tree),
-        speculate=not no_spec,
-        merge=merge,
-    )
-
-
-@app.command()
-def generate(
-    prompt: str = typer.Argument(..., help="the user message"),
-    model: str = ModelOpt,
-    ssm: Optional[list[str]] = SsmOpt,
-    quant: str = QuantOpt,
-    device: str = DeviceOpt,
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    tree: str = typer.Option(tree_text(), "--tree", help="auto (chosen each step by measured cost) or children per node at each depth, e.g. 1,1,1"),
-    no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
-    merge: str = typer.Option(
-        DEFAULT_MERGE, "--merge", help="merge the speculators' trees: union (all) or vote (per depth, the most agreed)"
-    ),
-    system: Optional[str] = typer.Option(None, "--system", help="system prompt"),
-    as_json: bool = typer.Option(False, "--json", help="print StepEvents as JSON lines instead of text"),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="record StepEvents to this JSONL file"),
-) -> None:
-    """Stream the answer to PROMPT on stdout; a one-line summary goes to stderr."""
-    from .engine.chat import Conversation, chat
-    from .engine.events import RunInfo, write_trace
-
-    with friendly_errors():
-        prompt, system = text_arg(prompt), text_arg(system)
-        if not prompt.strip():
-            raise UsageFailure("the prompt is empty")
-        settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge)
-        settings.detail = as_json or trace is not None  # trees with text and probabilities only when recorded
-        if trace is not None:
-            check_writable(trace, "--trace")
-        models, engine = load(model, ssm, quant, device)
-        conversation = Conversation(system=system)
-        conversation.add("user", prompt)
-        events = chat(engine, models, conversation, settings)
-        info = RunInfo(
-            model=models.preset.name,
-            ssms=engine.speculator_names if settings.speculate else [],
-            device=models.device,
-            quant=models.quant,
-            attention_backend=models.attention_backend,
-            prompt=prompt,
-            system=system,
-            temperature=temperature,
-            top_p=top_p,
-            tree_shape=settings.tree_shape if settings.auto else list(settings.tree_shape),
-            max_new_tokens=max_new_tokens,
-            merge=settings.merge,
-        )
-        with contextlib.ExitStack() as stack:
-            if trace is not None:
-                handle = stack.enter_context(open(trace, "w", encoding="utf-8"))
-                events = write_trace(handle, info, events)
-            last = stream(events, as_json)
-        if last is not None:
-            typer.echo(summary_line(last, models), err=True)
-            if last.stop_reason == "stopped":
-                raise typer.Exit(130)
-
-
-def stream(events, as_json: bool):
-    """Print events as they come; Ctrl+C ends the stream after the step in flight, a closed stdout quietly."""
-    last = None
-    try:
-        try:
-            for event in events:
-                last = event
-                if event.notice:
-                    typer.echo(f"spectui: {event.notice}", err=True)
-                if as_json:
-                    sys.stdout.write(event.to_json() + "\n")
-                else:
-                    sys.stdout.write(event.new_text)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            if last is not None:
-                last.stop_reason = "stopped"
-        if not as_json:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-    except BrokenPipeError:
-        quiet_broken_pipe()  # the generation stops here; the trace keeps the steps so far
-    return last
-
-
-def summary_line(event, models) -> str:
-    reason = f", stopped ({event.stop_reason})" if event.stop_reason in ("stopped", "length") else ""
-    speedup = f"speed-up {event.speedup:.2f}x" if event.speedup is not None else "speed-up n/a"
-    return (
-        f"{event.total_tokens} tokens in {event.elapsed_s:.1f} s: {event.tokens_per_s:.1f} tokens/s, "
-        f"{event.mean_accepted:.2f} tokens per verifier step, acceptance {event.acceptance_rate:.0%}, {speedup}, "
-        f"attention {event.attention_backend}, {models.quant} on {models.device}{reason}"
-    )
-
-
-@app.command()
-def models(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """List the model presets: verifier, SSMs, source, cached or not."""
-    from .engine.catalog import preset_rows
-
-    with friendly_errors():
-        rows = preset_rows()
-        if as_json:
-            typer.echo(json.dumps({"presets": rows}, indent=2))
-            return
-        for row in rows:
-            ssms = ", ".join(row["ssms"]) or "-"
-            cached = "cached" if row["cached"] else "not cached"
-            typer.echo(f"{row['name']:<14} verifier {row['verifier']}; SSMs {ssms}; {row['source']}; {cached}")
-
-
-@app.command()
-def bench(
-    model: str = ModelOpt,
-    ssm: Optional[list[str]] = SsmOpt,
-    quant: str = QuantOpt,
-    device: str = DeviceOpt,
-    prompts: Path = typer.Option(
-        Path("../shared/data/vicuna_bench_questions.jsonl"), "--prompts",
-        help="JSONL with 'turns' (and optional 'category'), or one prompt a line",
-    ),
-    limit: Optional[int] = typer.Option(None, "--limit", help="use the first N prompts"),
-    per_category: Optional[int] = typer.Option(None, "--per-category", help="use the first N prompts of each category"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    json_out: Optional[str] = typer.Option(None, "--json", help="write the report as JSON to PATH, or - for stdout"),
-    merge: str = typer.Option("both", "--merge", help="union: speculative rows merge by union; vote or both: add speculative-vote"),
-    tree: str = typer.Option(tree_text(), "--tree", help="the speculative row's tree: auto, or children per node at each depth"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads for every method (default: all cores)"),
-) -> None:
-    """Every decoding method on the same prompts, greedy, order rotated per prompt: per-prompt ratios to incremental."""
-    from .bench import format_table, merge_policies, read_prompts, run_bench, set_threads
-    from .engine.settings import parse_tree
-
-    with friendly_errors():
-        if max_new_tokens < 1:
-            raise UsageFailure("--max-new-tokens must be at least 1")
-        if limit is not None and limit < 1:
-            raise UsageFailure("--limit must be at least 1")
-        if per_category is not None and per_category < 1:
-            raise UsageFailure("--per-category must be at least 1")
-        if threads is not None and threads < 1:
-            raise UsageFailure("--threads must be at least 1")
-        merge_policies(merge)  # ValueError with the choices: exit 2 before any model loads
-        shape = parse_tree(tree)  # likewise for a bad --tree
-        if json_out and json_out != "-":
-            check_writable(Path(json_out), "--json")  # not after the whole bench
-        texts = read_prompts(prompts, limit, per_category)
-        threads = set_threads(threads)  # before loading: the engine measures its costs per thread count
-        loaded, engine = load(model, ssm, quant, device)
-
-        def progress(done, total):
-            typer.echo(f"bench: {done}/{total} prompts", err=True)
-
-        report = run_bench(loaded, engine, texts, max_new_tokens, progress, merge=merge, tree=shape, threads=threads)
-        typer.echo(format_table(report), err=json_out == "-")
-        if json_out == "-":
-            typer.echo(json.dumps(report, indent=2))
-        elif json_out:
-            Path(json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-
-from . import chat_commands  # noqa: E402,F401  registers chat and replay
+for name, command in (("generate", generate), ("models", models), ("bench", bench), ("chat", chat),
+                      ("replay", replay), ("tui-bench", tui_bench), ("tune", tune), ("tune-eval", tune_eval)):
+    app.command(name)(command)
 
 
 def main() -> None:
@@ -296,10 +39,6 @@ def main() -> None:
         typer.echo("spectui: interrupted", err=True)
         sys.exit(130)
 
-from . import tune_command  # noqa: E402,F401  registers tune
-from . import tune_eval_command  # noqa: E402,F401  registers tune-eval
 
-if __name__ == "__main__":  # python -m spectui.cli: run the registered app of the imported module, not this copy
-    from spectui.cli import main as registered_main
-
-    registered_main()
+if __name__ == "__main__":  # python -m spectui.cli
+    main()

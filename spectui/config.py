@@ -14,10 +14,11 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .engine.settings import DEFAULT_MERGE, OLD_DEFAULT_TREES, GenerationSettings, parse_tree, tree_text
+from .engine import DEFAULT_MERGE, GenerationSettings, parse_tree, tree_text
 from .paths import write_private
 
 GENERATION = ("temperature", "top_p", "tree", "speculate", "merge", "max_new_tokens")
+OLD_DEFAULT_TREES = ("1,1,1", "2,2,1,1")  # earlier default trees: a config that saved one moves to the default (auto)
 HEADER = "# spectui settings: the app rewrites only the keys you change in it and keeps everything else\n"
 ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
@@ -85,7 +86,7 @@ def load_config(path: Path) -> Config:
             config.notice = f"config {path}: {name} = {value!r} ignored (expected {type(default).__name__})"
             continue
         setattr(config, name, type(default)(value))
-    if config.tree in {tree_text(shape) for shape in OLD_DEFAULT_TREES}:
+    if config.tree in OLD_DEFAULT_TREES:
         config.tree = tree_text()  # an earlier default, saved with the settings: the default is now auto
     try:
         config.settings()

@@ -17,7 +17,7 @@ import contextlib
 import threading
 
 from . import paths
-from .engine.worker import EngineDied, EngineWorker, LoadRequest, WorkerError, default_log_file
+from .engine import Conversation, EngineDied, EngineWorker, LoadRequest, RunInfo, WorkerError, write_trace
 from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 
 
@@ -25,8 +25,9 @@ class EngineLink:
     def __init__(self, app, model: str, ssms: tuple[str, ...], quant: str, device: str, trace=None,
                  threads: int | None = None) -> None:
         self.app = app
-        self.request = LoadRequest(model, ssms, quant, device, log_file=str(default_log_file()),
-                                   cost_cache=str(paths.cache_dir() / "costs"), threads=threads)
+        self.request = LoadRequest(model, ssms, quant, device, log_file=str(paths.engine_log_file()),
+                                   cost_cache=str(paths.costs_dir()), models_dir=str(paths.models_dir()),
+                                   threads=threads)
         self.trace = trace
         self.state = "off"
         self.worker: EngineWorker | None = None  # the ready engine
@@ -103,9 +104,6 @@ class EngineLink:
                             exclusive=True, group="generate")
 
     def _turn(self, record, history, text: str, settings, ssms: list[str]) -> None:
-        from .engine.chat import Conversation
-        from .engine.events import RunInfo, write_trace
-
         conversation = Conversation(system=record.system)
         for message in history:
             if message.content:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from .engine.events import StepEvent
+from .engine import StepEvent
 
 
 @dataclass
@@ -34,8 +34,8 @@ class LoadProgress(Message):
 
 @dataclass
 class ModelsLoaded(Message):
-    info: object  # engine.worker.ModelInfo
-    engine: object  # engine.worker.EngineWorker (or anything with its chat/stop/advance methods)
+    info: object  # the engine's ModelInfo (engine/worker.py)
+    engine: object  # an EngineWorker (or anything with its chat/stop/advance methods)
 
 
 @dataclass

@@ -1,18 +1,21 @@
 """Where spectui keeps its files: config, chat history and the model cache, and how it makes them.
 
 platformdirs gives the usual per-user folders; SPECTUI_HOME, when set, relocates all three
-under one folder (tests point it at a temp dir). What spectui writes is private: folders it
-creates are 0700 (`private_dir`), files 0600 (`private_file`, `write_private`).
+under one folder (tests point it at a temp dir). The engine knows none of this: its callers
+(the CLI, the app's engine process, bench, tune) hand it `models_dir()` and `costs_dir()`.
+What spectui writes is private: folders it creates are 0700 (`private_dir`), files 0600
+(`private_file`, `write_private`; the engine's `spectui.engine.files`, which writes its cache
+markers the same way).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 import platformdirs
+
+from .engine import private_dir, write_private  # noqa: F401  (re-exported: config and store write with them)
 
 APP = "spectui"
 
@@ -50,22 +53,20 @@ def exports_dir() -> Path:
 
 
 def models_dir() -> Path:
+    """The model cache: converted models, hub snapshots (the engine's `models_dir`)."""
     return cache_dir() / "models"
 
 
-def private_dir(folder: Path) -> Path:
-    """mkdir -p; every folder this creates is 0700 whatever the umask (existing ones are left alone)."""
-    missing, here = [], Path(folder)
-    while not here.exists() and here != here.parent:
-        missing.append(here)
-        here = here.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:  # made meanwhile by someone else: theirs
-            continue
-        os.chmod(path, 0o700)
-    return Path(folder)
+def costs_dir() -> Path:
+    """Measured step costs and what the auto tree learned, per machine and model (the engine's `cost_cache`)."""
+    return cache_dir() / "costs"
+
+
+def engine_log_file() -> Path:
+    """Where the app's engine process writes its output (the folder is created)."""
+    folder = cache_dir() / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / "engine.log"
 
 
 def private_file(path: Path) -> None:
@@ -75,22 +76,3 @@ def private_file(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         pass
-
-
-def write_private(path: Path, text: str) -> Path:
-    """Replace `path` with `text` atomically (temp file, fsync, rename), 0600. A symlink's target is replaced."""
-    target = Path(path).resolve()
-    private_dir(target.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)  # mkstemp: 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return target
-

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .engine.events import RunInfo, StepEvent, read_runs
+from .engine import RunInfo, StepEvent, read_runs
 
 MIN_DELAY_S, MAX_DELAY_S = 0.02, 2.0
 

@@ -18,8 +18,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from .engine.chat import Conversation, chat
-from .engine.settings import GenerationSettings, tree_text
+from .engine import Conversation, EngineWorker, GenerationSettings, LoadRequest, chat_turn, engine_threads, tree_text
 
 
 @dataclass
@@ -38,7 +37,7 @@ def run_headless(models, engine, prompts: list[str], settings: GenerationSetting
         conversation = Conversation()
         conversation.add("user", prompt)
         last = None
-        for last in chat(engine, models, conversation, settings):
+        for last in chat_turn(engine, models, conversation, settings):
             pass
         out.tokens += last.total_tokens
         out.seconds += last.elapsed_s
@@ -85,14 +84,13 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
 
     from . import paths
     from .app import SpecTuiApp
-    from .engine.chat import Conversation
-    from .engine.worker import EngineWorker, LoadRequest, engine_threads
     from .widgets.token_tree import TokenTreeView
 
     thread_counts = sorted({torch.get_num_threads(), engine_threads(spec.get("engine_threads"))})
     # headless in an engine process of its own, exactly like the app's but with nobody drawing
     worker = EngineWorker(LoadRequest(spec["model"], tuple(spec.get("ssms", ())), spec["quant"], spec["device"],
-                                       cost_cache=str(paths.cache_dir() / "costs"), threads=spec.get("engine_threads")))
+                                       cost_cache=str(paths.costs_dir()), models_dir=str(paths.models_dir()),
+                                       threads=spec.get("engine_threads")))
     await asyncio.to_thread(worker.wait_loaded)
 
     def run_worker(prompt: str) -> Throughput:

@@ -13,8 +13,9 @@ from typing import Optional
 
 import typer
 
-from .cli import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, app, friendly_errors
-from .engine.tune.config import TuneConfig
+from . import paths
+from .engine.tune import TuneConfig
+from .options import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, friendly_errors
 
 D = TuneConfig  # its class attributes are the defaults the help texts quote
 MAX_TUNE_SEED = 2**32 - 1  # tune seeds torch with seed * 1_000_003 + offsets, which must stay within 64 bits
@@ -27,13 +28,10 @@ def knob(flag: str, text: str):
 
 def default_out(model: str) -> Path:
     """<user data dir>/tuned/<model name> ($SPECTUI_HOME/data/tuned/... when SPECTUI_HOME is set)."""
-    from .paths import data_dir
-
     name = Path(model.rstrip("/")).name or "model"
-    return data_dir() / "tuned" / name.removesuffix(".gguf")
+    return paths.data_dir() / "tuned" / name.removesuffix(".gguf")
 
 
-@app.command()
 def tune(
     model: str = ModelOpt,
     ssms: int = typer.Option(D.ssms, "--ssms", help="how many SSMs to boost-tune, one after the other"),
@@ -65,9 +63,8 @@ def tune(
     """Synthesise prompts, collect the verifier's answers and boost-tune SSMs on them (SpecInfer)."""
     from dataclasses import replace
 
-    from .engine.loading import QUANTS, pick_device
-    from .engine.presets import resolve_model
-    from .engine.tune.pipeline import read_prompt_file, run_tune
+    from .engine import QUANTS, pick_device, resolve_model
+    from .engine.tune import read_prompt_file, run_tune
 
     with friendly_errors():
         if prompts is not None and not prompts.is_file():
@@ -98,7 +95,7 @@ def tune(
             quant=quant, device=device, threads=threads, resume=resume, seed=seed, keep_checkpoints=keep_checkpoints,
             **overrides,
         ).validate()
-        report = run_tune(cfg)  # logs the agreement lines itself
+        report = run_tune(cfg, models_dir=paths.models_dir())  # logs the agreement lines itself
     folders = [entry["folder"] for entry in report["ssms"]]
     typer.echo(f"SSMs in {report['out']}: " + ", ".join(Path(f).name for f in folders))
     typer.echo("use them with: spectui chat " + " ".join(f"--ssm {f}" for f in folders))

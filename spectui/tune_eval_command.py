@@ -1,7 +1,8 @@
 """`spectui tune-eval`: how well SSMs agree with the verifier on prompts they were never tuned on.
 
 The verifier (as the engine loads it, NF4 by default) answers every prompt of the file greedily;
-each SSM, loaded as the engine loads drafters, is teacher-forced on prompt + answer, and the share
+each SSM, loaded as the engine loads drafters (and refused, like there, when its vocabulary
+differs from the verifier's), is teacher-forced on prompt + answer, and the share
 of answer tokens where its top-1 (top-k) is the verifier's token is reported per prompt category,
 for each SSM and for all of them together (engine/tune/heldout.py). The answers are cached in
 <cache dir>/eval-answers, so measuring new SSMs on the same prompts costs only their forwards.
@@ -18,12 +19,12 @@ from typing import Optional
 
 import typer
 
-from .cli import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, app, check_writable, friendly_errors
+from . import paths
+from .options import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, check_writable, friendly_errors
 
 DEFAULT_PROMPTS = Path("../shared/data/vicuna_bench_questions.jsonl")
 
 
-@app.command("tune-eval")
 def tune_eval(
     model: str = ModelOpt,
     ssm: Optional[list[str]] = typer.Option(None, "--ssm", help="SSM folder to measure; repeatable (default: the preset's SSMs)"),
@@ -39,12 +40,9 @@ def tune_eval(
     """Teacher-forced agreement of SSMs with the verifier's greedy answers, per prompt category."""
     from dataclasses import replace
 
-    from . import paths
     from .bench import PromptFileError, read_prompts
-    from .engine.loading import load_drafter, load_models, locate, source_name
-    from .engine.presets import resolve_model, resolve_ssm
-    from .engine.tune.heldout import agreement_by_category, greedy_answers
-    from .engine.tune.pipeline import chat_template_for
+    from .engine import load_models, resolve_model, resolve_ssm
+    from .engine.tune import agreement_by_category, chat_template_for, greedy_answers
 
     with friendly_errors():
         if max_new_tokens < 1 or top_k < 1 or (per_category is not None and per_category < 1) or (limit is not None and limit < 1):
@@ -59,9 +57,8 @@ def tune_eval(
         sources = [resolve_ssm(s) for s in ssm] if ssm else list(preset.ssms)
         if not sources:
             raise UsageFailure(f"{preset.name} has no SSMs: name some with --ssm")
-        models = load_models(replace(preset, ssms=()), quant=quant, device=device)
-        drafters = [(source_name(s), load_drafter(locate(s), models.device))
-                    for s in sources]
+        models = load_models(replace(preset, ssms=tuple(sources)), quant=quant, device=device, models_dir=paths.models_dir())
+        drafters = models.ssms  # (name, model), loaded as the engine drafts with them
         pairs = [(str(p), p.category) for p in chosen]
         typer.echo(f"answering {len(pairs)} prompts greedily ({max_new_tokens} tokens; cached after the first run)", err=True)
         answered = greedy_answers(models, chat_template_for(models), pairs, max_new_tokens, paths.cache_dir() / "eval-answers")

@@ -51,7 +51,9 @@ def embedded_models(embedded_dir):
     from spectui.engine.loading import load_models
     from spectui.engine.presets import PRESETS
 
-    return load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu")
+    from spectui import paths
+
+    return load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu", models_dir=paths.models_dir())
 
 
 @pytest.fixture(scope="session")

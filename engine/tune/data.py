@@ -1,6 +1,6 @@
 """The distillation data: the verifier's own answers to the prompts, in resumable shards.
 
-Every prompt is rendered exactly as `engine.chat.chat` renders it (Conversation.prompt_ids with
+Every prompt is rendered exactly as `engine.chat.chat_turn` renders it (Conversation.prompt_ids with
 the model's chat template), so an SSM learns the context it will see at inference. Answers come
 from batched `generate` with left padding; batches alternate between greedy decoding and sampling
 (`greedy_fraction`), so the SSMs see both the verifier's argmax paths and the wider spread of its
@@ -87,7 +87,7 @@ def batch_mode(index: int, greedy_fraction: float) -> str:
 
 
 def prompt_ids(tokenizer, prompt: str, context_window: int, max_answer_tokens: int, chat_template: str | None):
-    """The engine's rendering of a one-message conversation (engine.chat.chat does the same)."""
+    """The engine's rendering of a one-message conversation (engine.chat.chat_turn does the same)."""
     conversation = Conversation()
     conversation.add("user", prompt)
     ids, _ = conversation.prompt_ids(tokenizer, context_window, max_answer_tokens, chat_template)

@@ -227,8 +227,10 @@ def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name != "checkpoint.pt")
 
 
-def run_tune(cfg: TuneConfig, after_step: Callable[[int, int, float], None] | None = None) -> dict:
-    """All stages; -> the report (also in OUT/report.json). after_step(ssm, step, loss) observes training."""
+def run_tune(cfg: TuneConfig, after_step: Callable[[int, int, float], None] | None = None,
+             models_dir: Path | None = None) -> dict:
+    """All stages; -> the report (also in OUT/report.json). after_step(ssm, step, loss) observes training;
+    the verifier is loaded from the model cache models_dir (engine/loading.py)."""
     from ..presets import resolve_model
 
     cfg.validate()
@@ -243,7 +245,7 @@ def run_tune(cfg: TuneConfig, after_step: Callable[[int, int, float], None] | No
         torch.set_num_threads(cfg.threads)
     with tune_logger(out) as log:
         try:
-            return run_stages(cfg, out, preset, log, after_step)
+            return run_stages(cfg, out, preset, log, after_step, models_dir)
         except KeyboardInterrupt:
             log.info(f"interrupted: continue with the same command plus --resume (--out {out})")
             raise
@@ -286,7 +288,7 @@ def tune_ssm(
     return info
 
 
-def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_step) -> dict:
+def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_step, models_dir: Path | None) -> dict:
     from ..loading import load_drafter, load_models
     from .data import collect_answers, split
     from .evaluate import evaluate, predict_topk, report_lines
@@ -298,7 +300,7 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
              f"{' (resuming)' if cfg.resume else ''}, {torch.get_num_threads()} threads")
     (out / "tune-config.json").write_text(cfg.to_json() + "\n", encoding="utf-8")
     began = time.perf_counter()
-    models = load_models(replace(preset, ssms=()), quant=cfg.quant, device=cfg.device)  # the verifier alone
+    models = load_models(replace(preset, ssms=()), quant=cfg.quant, device=cfg.device, models_dir=models_dir)  # the verifier alone
     timings["load"] = time.perf_counter() - began
     template = chat_template_for(models)
     device = models.device

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spectui.engine.calibrate import prepare_costs
-from spectui.engine.chat import Conversation, chat, encode_chat
+from spectui.engine.chat import Conversation, chat_turn, encode_chat
 from spectui.engine.costs import CostKey
 from spectui.engine.drafters import NGramDrafter
 from spectui.engine.settings import GenerationSettings
@@ -48,7 +48,7 @@ def test_chat_turns_prefill_only_what_is_new(engine, embedded_models):
     prefilled = []
     for turn in ["Hi! Who are you?", "Name a fruit.", "And a vegetable?", "Which is sweeter?", "Thanks, bye."]:
         conversation.add("user", turn)
-        answer = [t for e in chat(engine, m, conversation, settings) for t in e.new_tokens]
+        answer = [t for e in chat_turn(engine, m, conversation, settings) for t in e.new_tokens]
         prefilled.append(engine.prefilled)
         prompt, _ = conversation.prompt_ids(m.tokenizer, m.context_window, 16)
         full = len(prompt) + 16

@@ -12,13 +12,13 @@ from fake_engine import WORDS, serve, words_for
 from spectui.engine.channel import Advance, Chat, Done, Rejected, Step, Stop
 from spectui.engine.chat import Conversation
 from spectui.engine.settings import GenerationSettings
-from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, prepare
+from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, prepare_engine_process
 
 SETTINGS = GenerationSettings(max_new_tokens=8)
 
 
 def start(script: str, **options) -> EngineWorker:
-    prepare()
+    prepare_engine_process()
     worker = EngineWorker(LoadRequest(script), serve=serve, **options)
     worker.wait_loaded()
     return worker

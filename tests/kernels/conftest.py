@@ -21,13 +21,14 @@ def tree_attention_models(embedded_dir):
     load): fp32 4-bit compute, attention through the Triton kernel or masked SDPA per call."""
     import os
 
+    from spectui import paths
     from spectui.engine.loading import load_models
     from spectui.engine.presets import PRESETS
 
     saved = os.environ.get("SPECTUI_ATTENTION")
     os.environ["SPECTUI_ATTENTION"] = "torch"
     try:
-        return load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu")
+        return load_models(PRESETS["smollm2-135m"], quant="nf4", device="cpu", models_dir=paths.models_dir())
     finally:
         if saved is None:
             os.environ.pop("SPECTUI_ATTENTION")
