@@ -27,7 +27,9 @@ class ModelDrafter:
     def __init__(self, name: str, model) -> None:
         self.name = name
         self.runner = CachedModel(model)
-        self.ids: list[int] = []  # the committed tokens whose key/values sit in the SSM cache
+        self.ids: list[int] = []  # the tokens whose key/values sit in the SSM cache
+        self.ready: torch.Tensor | None = None  # logits [1, V] after ids[-1], from a prefetch (pipeline.py)
+        self.prefetches = self.hits = 0  # prefetches run, and those whose guess the verifier confirmed
 
     @property
     def synced(self) -> int:
@@ -36,18 +38,46 @@ class ModelDrafter:
     def reset(self) -> None:
         self.runner.reset()
         self.ids = []
+        self.ready = None
 
     def rewind(self, prompt_ids: list[int]) -> None:
         """Keep the SSM cache's prefix shared with `prompt_ids` (a new chat turn); [] resets."""
         self.ids = self.ids[: self.runner.rewind(self.ids, prompt_ids)]
+        self.ready = None
 
     def catch_up(self, committed: list[int]) -> torch.Tensor:
-        """Feed the committed tokens the SSM cache lacks; logits [1, V] at the newest one (the root)."""
-        if self.synced > len(committed) or self.runner.length != self.synced:
+        """Feed the committed tokens the SSM cache lacks; logits [1, V] at the newest one (the root).
+
+        The cache keeps the prefix it shares with `committed` (after a prefetch that guessed wrong,
+        the guessed tokens go); logits a prefetch left for exactly `committed` serve without a forward.
+        """
+        ready, self.ready = self.ready, None
+        if self.runner.length != self.synced:
             self.reset()
-        root_logits = self.runner.forward_chain(committed[self.synced :], last_only=True)  # [1, V]
+        shared = 0
+        for a, b in zip(self.ids, committed):
+            if a != b:
+                break
+            shared += 1
+        if ready is not None and shared == len(self.ids) == len(committed):
+            self.hits += 1
+            return ready
+        shared = min(shared, len(committed) - 1)  # the root's logits need at least the root fed
+        if shared < self.synced:
+            self.runner.crop(shared)
+        root_logits = self.runner.forward_chain(committed[shared:], last_only=True)  # [1, V]
         self.ids = list(committed)
         return root_logits
+
+    def prefetch(self, committed: list[int], path: list[int]) -> None:
+        """Pipelined drafting (pipeline.py): feed `path` after `committed`, guess the verifier's bonus
+        token as this SSM's argmax after it, feed that too, and keep the logits after it, so that
+        catch_up(committed + path + [guess]) needs no forward."""
+        self.prefetches += 1
+        leaf = self.catch_up(list(committed) + list(path))  # [1, V]
+        guess = int(leaf[-1].argmax())
+        self.ready = self.runner.forward_chain([guess], last_only=True)  # [1, V]
+        self.ids = list(committed) + list(path) + [guess]
 
     def draft(self, committed: list[int], tree: TokenTree, source: int, shape: tuple[int, ...]) -> None:
         """Add this SSM's top-k expansion below tree's root (= committed[-1])."""

@@ -22,6 +22,7 @@ class GenerationSettings:
     speculate: bool = True  # False: incremental decoding, one token per verifier step (--no-spec)
     merge: str = DEFAULT_MERGE
     detail: bool = False  # fill the events' trees (token text, verifier probabilities): for display and traces
+    pipeline: bool = False  # draft the next step's root while the verifier runs (pipeline.py); off: it did not pay here
 
     def __post_init__(self) -> None:
         if self.tree_shape != AUTO:

@@ -37,6 +37,7 @@ from .cached_model import CachedModel
 from .costs import CostModel
 from .events import BONUS_SOURCE, StepEvent, TreeNode
 from .merge import apply_policy
+from .pipeline import start_prefetch
 from .settings import GenerationSettings
 from .speedup import PureSteps, SpeedupMeter
 from .text import IncrementalDecoder
@@ -194,9 +195,16 @@ class SpeculativeEngine:
         else:
             tree = self.draft_tree(committed, drafters, settings)
         t1 = time.perf_counter()
-        logits = self.score_tree(tree)  # [N, V]
-        accepted, bonus = self.accept_branch(tree, logits, settings, generator)
-        self.commit_branch(tree, accepted)
+        prefetch = None
+        if settings.pipeline and len(tree) > 1:  # the SSM drafts ahead while the verifier runs (pipeline.py)
+            prefetch = start_prefetch(tree, committed, drafters, ran if settings.auto else [d.name for d in drafters])
+        try:
+            logits = self.score_tree(tree)  # [N, V]
+            accepted, bonus = self.accept_branch(tree, logits, settings, generator)
+            self.commit_branch(tree, accepted)
+        finally:
+            if prefetch is not None:
+                prefetch.join()
         t2 = time.perf_counter()
         if self.cost_model is not None:
             self.cost_model.observe_verify(len(tree), (t2 - t1) * 1000)

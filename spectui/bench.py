@@ -17,6 +17,8 @@ Methods (same verifier, same prompts, same max new tokens; ids as in the JSON re
                        when scikit-learn is installed)
     speculative-fixed  ours, the fixed tree (1,1,1): the default before the adaptive tree
     speculative        ours, the --tree value (default: the engine's default, "auto"), union merge
+    speculative-pipelined  the same, with the SSM drafting ahead while the verifier runs
+                       (engine/pipeline.py; only with SSMs): off by default unless this row wins
     speculative-vote   the same tree merged by vote, when --merge is vote or both
 
 Protocol, so that noise hits every method alike:
@@ -62,6 +64,7 @@ def bench_methods(has_assistant: bool, policies: tuple[str, ...]) -> tuple[str, 
     methods = [INCREMENTAL, "hf-generate", "hf-prompt-lookup"]
     methods += ["hf-assisted"] if has_assistant else []
     methods += ["speculative-fixed", DEFAULT_SPEC]
+    methods += ["speculative-pipelined"] if has_assistant else []  # has_assistant: the preset has SSMs
     methods += ["speculative-vote"] if "vote" in policies else []
     return tuple(methods)
 
@@ -146,6 +149,7 @@ class Bench:
             INCREMENTAL: replace(base, speculate=False),
             "speculative-fixed": replace(base, tree_shape=FIXED_TREE, merge="union"),
             DEFAULT_SPEC: replace(base, tree_shape=tree, merge="union"),
+            "speculative-pipelined": replace(base, tree_shape=tree, merge="union", pipeline=True),
             "speculative-vote": replace(base, tree_shape=tree, merge="vote"),
         }
         self.max_new_tokens = max_new_tokens

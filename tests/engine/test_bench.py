@@ -63,6 +63,7 @@ def test_methods_depend_on_assistant_and_merge():
     assert bench_methods(False, ("union",)) == base
     with_all = bench_methods(True, ("union", "vote"))
     assert "hf-assisted" in with_all and with_all[-1] == "speculative-vote"
+    assert "speculative-pipelined" in with_all and "speculative-pipelined" not in base  # only with SSMs
 
 
 def test_rerun_rule_and_median_of_ratios():

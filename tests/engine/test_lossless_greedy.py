@@ -51,8 +51,9 @@ def references(embedded_models):
     return out
 
 
-def run(engine, ids, shape, speculate=True, merge="union"):
-    settings = GenerationSettings(max_new_tokens=MAX_NEW, tree_shape=shape, speculate=speculate, merge=merge, detail=True)
+def run(engine, ids, shape, speculate=True, merge="union", pipeline=False):
+    settings = GenerationSettings(max_new_tokens=MAX_NEW, tree_shape=shape, speculate=speculate, merge=merge,
+                                  detail=True, pipeline=pipeline)
     events = list(engine.generate(ids, settings))
     tokens = [t for e in events for t in e.new_tokens]
     return tokens, events[-1], events
@@ -78,6 +79,9 @@ CONFIGS = {
     "auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),
     "auto:perfect+ngram": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32), NGramDrafter()], "auto", "union"),
     "auto-vote:two-ssms+ngram": (two_ssms_and_ngram, "auto", "vote"),
+    # pipelined drafting (engine/pipeline.py): the SSM drafts ahead while the verifier runs
+    "pipe:perfect-deep": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1), "union"),
+    "pipe-auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),
 }
 
 
@@ -98,7 +102,8 @@ def test_speculative_equals_hf_generate(config, embedded_models, embedded_fp32, 
     stats, steps, per_draft = [], [], []
     for prompt in PROMPTS:
         ids, expected = references[prompt]
-        tokens, last, events = run(engine, ids, shape, speculate=config != "incremental", merge=merge)
+        tokens, last, events = run(engine, ids, shape, speculate=config != "incremental", merge=merge,
+                                   pipeline=config.startswith("pipe"))
         assert tokens == expected, f"{config}: output differs from generate() for {prompt!r}"
         stats.append(last)
         steps += events[1:]
@@ -117,7 +122,7 @@ def test_speculative_equals_hf_generate(config, embedded_models, embedded_fp32, 
         assert all(e.speedup is not None for e in steps), "every step's speed-up is measured"
     if config == "two-ssms+ngram":  # union keeps minority nodes beside agreed ones
         assert any(len(c) > 1 for e in steps for c in vote_counts_per_depth(e).values())
-    if config.startswith("perfect"):
+    if config.startswith(("perfect", "pipe:perfect")):
         assert tokens_per_draft > 2.5, "a near-perfect SSM must give long acceptances"
     if config == "auto:perfect+ngram":  # the tree changes shape step to step, and speculation is accepted
         # (the unquantised SSM drafts slower than the NF4 verifier verifies, so auto uses it sparingly)
