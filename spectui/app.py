@@ -6,14 +6,16 @@ The app is the controller. The models and the engine live in a child process
 (a thread worker posting one StepArrived per verifier step and a TurnFinished at the end), and
 its death. Esc stops the turn within one verifier step; in step mode the engine waits for f6
 after each step. When the engine process dies, mid-answer or idle, what was streamed is saved,
-one notice says what happened and ctrl+r (or ctrl+p → Restart engine) starts a new one. Replay (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the
-recorded StepEvents through the same StepArrived path. History lives in SQLite (store.py): the
-user message is saved when sent, the (possibly partial) answer when the turn ends.
+one notice says what happened and ctrl+r (or ctrl+p → Restart engine) starts a new one. Replay
+(`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the recorded StepEvents through
+the same StepArrived path (replay_actions.py). History lives in
+SQLite (store.py): the user message is saved when sent, the (possibly partial) answer with its
+token origins when the turn ends; conversation commands are in history_actions.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -24,16 +26,28 @@ from . import paths
 from .config import GENERATION, Config, ConfigError, load_config, save_config
 from .engine import prepare_engine_process
 from .engine_link import EngineLink
+from .history_actions import HistoryActions
 from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 from .replay import ReplayCursor
+from .replay_actions import ReplayActions
 from .screens.chat import ChatScreen, ReplayScreen
-from .screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen, TextPromptScreen
+from .screens.dialogs import HelpScreen
 from .screens.loading import LoadingScreen
-from .store import ConversationRecord, Store, export_file
+from .screens.settings import SettingsScreen
+from .store import ConversationRecord, Store
 from .themes import STYLESHEET, THEMES
+from .widgets.prompt import recognise_escape_enter
 
 
-class SpecTuiApp(App):
+@dataclass
+class Turn:
+    """The answer being generated: where it is saved, and which speculators drafted it."""
+
+    record_id: int
+    speculators: list[str]
+
+
+class SpecTuiApp(HistoryActions, ReplayActions, App):
     TITLE = "spectui"
     CSS_PATH = STYLESHEET
 
@@ -73,7 +87,8 @@ class SpecTuiApp(App):
         self.autoload = autoload  # False: no model (tests feed StepEvents themselves)
         if replay is None:
             prepare_engine_process()
-        self.turn_ssms: list[str] = []
+        recognise_escape_enter()  # alt+enter as tmux sends it: a new line, not a send
+        self.turn: Turn | None = None  # the answer being generated
 
     @property
     def engine(self):
@@ -142,7 +157,7 @@ class SpecTuiApp(App):
             self.pop_screen()
         status = self.chat.status
         status.model = f"{self.info.model} ({self.info.quant})"
-        status.ssms = ", ".join(self.info.speculators) or "-"
+        self.show_speculators()
         status.device = f"{self.info.device}, attention {self.info.attention_backend}"
         status.engine_pid = self.info.pid
         status.state = "ready"
@@ -177,57 +192,6 @@ class SpecTuiApp(App):
         self.chat.set_notice(f"{reason[0].upper()}{reason[1:]}.{saved} ctrl+r restarts the engine.", error=True)
         self.notify("ctrl+r restarts it", title="The engine process stopped", severity="error", timeout=15)
 
-    # ---- conversations
-    async def open_conversation(self, conversation_id: int) -> None:
-        self.record = self.store.get(conversation_id)
-        self.store.set_last(conversation_id)
-        names = self.info.speculators if self.info else []
-        await self.chat.show_history(self.store.messages(conversation_id), names)
-        self.chat.sub_title = self.record.title
-        self.sub_title = self.record.title
-
-    async def action_new_conversation(self) -> None:
-        if self.generating or self.store is None:
-            return
-        self.record = self.store.create(system=self.system_override)
-        await self.open_conversation(self.record.id)
-
-    def action_conversations(self) -> None:
-        if self.store is None:
-            return
-        current = self.record.id if self.record else None
-        self.push_screen(ConversationsScreen(self.store.list(), current), self.on_conversation_choice)
-
-    async def on_conversation_choice(self, choice) -> None:
-        if not choice:
-            return
-        what, target = choice
-        if what == "new":
-            await self.action_new_conversation()
-        elif what == "open" and not self.generating:
-            await self.open_conversation(target)
-        elif what == "rename":
-            title = self.store.get(target).title
-
-            async def renamed(value):
-                if value:
-                    self.store.rename(target, value)
-                    if self.record and self.record.id == target:
-                        self.record.title = self.sub_title = value
-                self.action_conversations()
-
-            self.push_screen(TextPromptScreen("New title", title), renamed)
-        elif what == "delete" and not (self.generating and self.record and self.record.id == target):
-            self.store.delete(target)
-            if self.record and self.record.id == target:
-                self.record = self.store.last()
-                if self.record:
-                    await self.open_conversation(self.record.id)
-                else:
-                    await self.chat.show_history([], [])
-            self.notify("conversation deleted")
-            self.action_conversations()
-
     # ---- a turn
     async def on_prompt_input_submitted(self, message) -> None:
         await self.send(message.text)
@@ -246,6 +210,12 @@ class SpecTuiApp(App):
         except ValueError as exc:
             self.notify(str(exc), severity="error")
             return
+        speculators = list(self.info.speculators) if settings.speculate else []
+        history = await self.begin_answer(text, speculators, settings.greedy, self.info.quant)
+        self.link.begin_turn(self.record, history, text, settings, speculators)
+
+    async def begin_answer(self, text: str, speculators: list[str], greedy: bool, quant: str) -> list:
+        """Save the user's message and open the answer it gets; -> the conversation before it."""
         if self.record is None:
             self.record = self.store.create(system=self.system_override)
         if self.record.title == "New chat":
@@ -254,35 +224,39 @@ class SpecTuiApp(App):
         history = self.store.messages(self.record.id)
         self.store.add_message(self.record.id, "user", text)
         self.chat.query_one("#prompt").clear()
-        self.turn_ssms = self.info.speculators if settings.speculate else []
-        await self.chat.begin_turn(text, self.turn_ssms, settings.greedy, self.info.quant)
+        self.turn = Turn(self.record.id, speculators)
+        await self.chat.begin_turn(text, speculators, greedy, quant)
         self.chat.set_notice(None)
         self.generating = True
         self.chat.status.state = "answering… (Esc stops)"
-        self.link.begin_turn(self.record, history, text, settings, self.turn_ssms)
+        return history
 
     async def on_step_arrived(self, message: StepArrived) -> None:
         chat = self.chat
         chat.add_step(message.event)
         if self.config.step_mode or self.replay_cursor:
             await chat.flush()
-        if message.event.finished:
+        if message.event.finished and self.replay_cursor:  # a live turn ends with its TurnFinished
             await chat.end_turn(message.event.stop_reason)
 
     async def on_turn_finished(self, message: TurnFinished) -> None:
-        chat = self.chat
-        pieces = chat.answer.pieces if chat.answer is not None else []
+        """The turn ended however it ended: save what streamed, with its token origins, then say why."""
+        chat, turn = self.chat, self.turn
+        pieces = list(chat.answer.pieces) if chat.answer is not None else []
         await chat.end_turn(message.stop_reason or ("failed" if message.error else None))
-        self.generating = False
-        if message.reply and self.store and self.record:  # what streamed is saved, however the turn ended
-            self.store.add_message(self.record.id, "assistant", message.reply, pieces)
+        self.generating, self.turn = False, None
+        if message.reply and self.store and turn:
+            if "".join(piece for piece, _ in pieces) != message.reply:
+                pieces = []  # the origins must describe exactly the saved text, or none is kept
+            self.store.add_message(turn.record_id, "assistant", message.reply, pieces, turn.speculators)
         if message.engine_died:
             self.engine_gone(message.error, " What it streamed is saved." if message.reply else "")
-            return
-        if message.error:
+        elif message.error:
             chat.set_notice(f"Generation failed: {message.error}. The conversation is kept.", error=True)
             self.notify(message.error, title="Generation failed", severity="error", timeout=15)
-        chat.status.state = "stopped" if message.stop_reason == "stopped" else "ready"
+        if not message.engine_died:
+            chat.status.state = "stopped" if message.stop_reason == "stopped" else "ready"
+        await self.run_pending()
 
     def action_stop(self) -> None:
         if self.replay_cursor:
@@ -298,43 +272,6 @@ class SpecTuiApp(App):
             self.call_later(self.replay_tick, False)
         else:
             self.link.advance()
-
-    # ---- replay
-    async def replay_tick(self, schedule: bool = True) -> None:
-        cursor = self.replay_cursor
-        if cursor.done:
-            cursor.playing = False
-        elif schedule and not cursor.playing:
-            return
-        else:
-            info, event, starts = cursor.next()
-            if starts:
-                await self.chat.end_turn()
-                await self.chat.begin_turn(info.prompt, info.ssms, info.temperature == 0, info.quant)
-            if event is not None:
-                self.post_message(StepArrived(event))
-            if schedule and cursor.playing:
-                self.set_timer(cursor.delay(event), self.replay_tick)
-        self.chat.set_replay_bar(cursor.describe())
-
-    def action_replay_toggle(self) -> None:
-        cursor = self.replay_cursor
-        if cursor and not cursor.done:
-            cursor.playing = not cursor.playing
-            if cursor.playing:
-                self.set_timer(0.01, self.replay_tick)
-            self.chat.set_replay_bar(cursor.describe())
-
-    def action_replay_speed(self, factor: float) -> None:
-        if self.replay_cursor:
-            self.replay_cursor.speed = min(max(self.replay_cursor.speed * factor, 0.125), 64)
-            self.chat.set_replay_bar(self.replay_cursor.describe())
-
-    async def play_to_end(self) -> None:
-        """Feed every remaining recorded step at once (tests, and `--speed 0`)."""
-        self.replay_cursor.playing = False
-        while not self.replay_cursor.done:
-            await self.replay_tick(schedule=False)
 
     # ---- view toggles, settings, themes
     def action_toggle_step_mode(self) -> None:
@@ -366,12 +303,20 @@ class SpecTuiApp(App):
         else:
             self.store.set_system(self.record.id, system)
             self.record.system = system
+        self.show_speculators()
         if saved:
             self.notify("settings saved")
 
+    def show_speculators(self) -> None:
+        """The status line's SSMs: the loaded speculators, or off when speculation is off."""
+        if self.info is not None:
+            self.chat.status.ssms = (", ".join(self.info.speculators) or "-") if self.config.speculate else "off"
+
     def on_theme_changed(self, theme) -> None:
-        if theme.name != self.config.theme:  # also signalled for the theme set at start
-            self.remember(theme=theme.name)
+        if theme.name == self.config.theme:  # also signalled for the theme set at start
+            return
+        self.remember(theme=theme.name)
+        self.chat.set_colour_origins(self.config.colour_origins)  # the legend's and the tokens' colours
 
     def remember(self, **changes) -> bool:
         """Settings the user chose in the app: this session, and these keys in the config file."""
@@ -386,32 +331,13 @@ class SpecTuiApp(App):
             return False
         return True
 
-    # ---- clipboard and export
-    def action_copy_answer(self) -> None:
-        answer = self.chat.last_answer()
-        if not answer:
-            self.notify("no answer to copy yet", severity="warning")
-            return
-        self.copy_to_clipboard(answer)
-        self.notify("last answer copied to the clipboard")
-
-    def action_export(self) -> None:
-        if self.store is None or self.record is None:
-            self.notify("nothing to export yet", severity="warning")
-            return
-        try:
-            target = export_file(paths.exports_dir(), self.record, self.store.messages(self.record.id))
-        except OSError as exc:
-            self.notify(f"cannot export to {paths.exports_dir()}: {exc.strerror or exc}", severity="error")
-            return
-        self.notify(f"exported to {target}")
-
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("Help: key bindings", "List every key", self.action_help)
         yield SystemCommand("Step mode", "Pause after every verifier step (toggle)", self.action_toggle_step_mode)
         yield SystemCommand("Next step", "Advance one verifier step (step mode, replay)", self.action_next_step)
         yield SystemCommand("Token origins", "Colour tokens by SSM 1 / SSM 2 / n-gram / bonus (toggle)", self.action_toggle_origins)
+        yield SystemCommand("Side panel", "Show or hide the token tree and acceptance (ctrl+t)", self.chat.action_toggle_panel)
         if self.replay_cursor:
             yield SystemCommand("Play / pause", "Replay: play or pause", self.action_replay_toggle)
             return

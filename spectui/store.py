@@ -2,8 +2,9 @@
 
 One file (`paths.history_db()`, 0600 in a 0700 folder), WAL journal, one transaction per write
 (a message and its conversation's timestamp together), so a killed app keeps every message it
-committed. `PRAGMA user_version` is the schema version; `MIGRATIONS` brings an older file up to
-date, one transaction per step. The app never stops over its history:
+committed. An answer keeps its (piece, origin) per token and the names of the speculators that
+drafted it, so a reopened chat colours it as it was drawn. `PRAGMA user_version` is the schema
+version; `MIGRATIONS` brings an older file up to date, one transaction per step. The app never stops over its history:
 - damaged (not SQLite, a malformed page, wrong tables): renamed aside to
   `history.sqlite3.broken-<time>` (never deleted) and a fresh one started;
 - cannot be written (read-only file or folder), or made by a newer spectui: left untouched;
@@ -41,6 +42,7 @@ MIGRATIONS = {  # version -> statements that bring version-1 to it; version 0 fi
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)",
     ],
     2: ["CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id)"],
+    3: ["ALTER TABLE messages ADD COLUMN speculators TEXT"],  # an answer's speculator names, in the engine's order
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 REQUIRED = {"conversations": {"id", "title", "system", "updated"}, "messages": {"conversation_id", "role", "content", "origins"}}
@@ -60,6 +62,7 @@ class StoredMessage:
     role: str
     content: str
     origins: list[tuple[str, str]] = field(default_factory=list)  # (text piece, origin) per token
+    speculators: list[str] = field(default_factory=list)  # the answer's speculators, in order (SSM 1, SSM 2, ...)
 
 
 @dataclass
@@ -77,6 +80,23 @@ def _damaged(exc: Exception) -> bool:
     if code is not None:
         return code & 0xFF in DAMAGED_CODES
     return isinstance(exc, sqlite3.DatabaseError) and any(s in str(exc) for s in ("malformed", "not a database"))
+
+
+def _pieces(text: str | None) -> list[tuple[str, str]]:
+    """Stored origins -> [(piece, origin)]; [] when absent or not what spectui wrote (shown uncoloured)."""
+    try:
+        pieces = [tuple(p) for p in json.loads(text)] if text else []
+    except (ValueError, TypeError):
+        return []
+    return pieces if all(len(p) == 2 and all(isinstance(x, str) for x in p) for p in pieces) else []
+
+
+def _names(text: str | None) -> list[str]:
+    try:
+        names = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else []
 
 
 def _reason(exc: Exception) -> str:
@@ -241,27 +261,22 @@ class Store:
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # messages
-    def add_message(self, conversation_id: int, role: str, content: str, origins=None) -> None:
+    def add_message(self, conversation_id: int, role: str, content: str, origins=None, speculators=None) -> None:
+        """One message; an answer may carry its (piece, origin) per token and its speculators' names."""
         now = time.time()
         with _transaction(self.db) as db:
             db.execute(
-                "INSERT INTO messages (conversation_id, role, content, origins, created) VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, role, content, json.dumps(origins) if origins else None, now),
+                "INSERT INTO messages (conversation_id, role, content, origins, speculators, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, json.dumps(origins) if origins else None,
+                 json.dumps(list(speculators)) if speculators else None, now),
             )
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute(
-            "SELECT role, content, origins FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            "SELECT role, content, origins, speculators FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
         )
-        out = []
-        for role, content, origins in rows:
-            try:
-                pieces = [tuple(p) for p in json.loads(origins)] if origins else []
-            except (ValueError, TypeError):
-                pieces = []
-            out.append(StoredMessage(role, content, pieces))
-        return out
+        return [StoredMessage(role, content, _pieces(origins), _names(names)) for role, content, origins, names in rows]
 
     # the conversation that reopens at start
     def set_last(self, conversation_id: int | None) -> None:

@@ -1,5 +1,9 @@
 """ChatScreen: conversation and input on the left, token tree and acceptance on the right.
 
+The chat has priority in small windows: below NARROW_BELOW columns the side panel hides, except
+in step mode (whose point is the tree), and then takes half the width; ctrl+t shows or hides it
+at any width, and that choice holds until the window crosses the NARROW_BELOW line.
+
 The screen only draws; the app decides what happens. Every StepEvent, live or replayed, goes
 through `add_step`; drawing is throttled under a CPU budget (`redraw_tick`), except in step mode
 where each step is drawn as it comes, so rendering never holds up the engine.
@@ -34,6 +38,7 @@ TEXT_FLUSH_S = 0.5
 PANEL_FLUSH_S = 1.0
 MAX_WAIT_S = 2.0
 REDRAW_CPU_SHARE = 0.04
+NARROW_BELOW = 100  # columns: a narrower window hides the side panel unless step mode or ctrl+t shows it
 
 
 class ChatScreen(Screen):
@@ -48,9 +53,13 @@ class ChatScreen(Screen):
         Binding("f7", "browse(-1)", "◀ step", show=False, priority=True),
         Binding("f8", "browse(1)", "step ▶", show=False, priority=True),
         Binding("f9", "app.copy_answer", "Copy", show=False),
+        Binding("ctrl+t", "toggle_panel", "Panel"),
         Binding("ctrl+n", "app.new_conversation", "New chat", show=False),
         Binding("ctrl+r", "app.restart_engine", "Restart engine", show=False, priority=True),  # after the engine process stopped
     ]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # CSS: the panel's width
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]  # CSS: a smaller chart in short windows
+
     def __init__(self, replay: bool = False) -> None:
         super().__init__()
         self.replay = replay
@@ -59,6 +68,8 @@ class ChatScreen(Screen):
         self.dirty = False  # text waiting to be drawn
         self.panels_dirty = False  # steps the tree and the chart have not drawn yet
         self.step_mode = False
+        self.panel_choice: bool | None = None  # ctrl+t's choice; None: by width and step mode
+        self.was_narrow: bool | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -68,7 +79,7 @@ class ChatScreen(Screen):
                 if self.replay:
                     yield Static("", id="replay-bar")
                 else:
-                    yield PromptInput(id="prompt", placeholder="Ask something — enter sends, ctrl+j new line")
+                    yield PromptInput(id="prompt", placeholder="Ask something — enter sends, ctrl+j or alt+enter adds a line")
             with Vertical(id="right"):
                 yield TokenTreeView(id="tree-view")
                 yield AcceptancePanel(id="acceptance")
@@ -81,6 +92,14 @@ class ChatScreen(Screen):
         self.set_interval(TICK_S, self.redraw_tick)
         if not self.replay:
             self.query_one(PromptInput).focus()
+        self.layout_panel()
+
+    def on_resize(self) -> None:
+        narrow = self.size.width < NARROW_BELOW
+        if self.was_narrow is not None and narrow != self.was_narrow:
+            self.panel_choice = None  # across the 100-column line the layout starts afresh
+        self.was_narrow = narrow
+        self.layout_panel()
 
     # conversation
     async def show_history(self, messages, ssm_names) -> None:
@@ -91,8 +110,8 @@ class ChatScreen(Screen):
         for message in messages:
             if message.role == "user":
                 await view.add_user(message.content)
-            elif message.role == "assistant":
-                await view.add_answer(message.content, message.origins, ssm_names)
+            elif message.role == "assistant":  # numbered by the speculators that drafted it, when saved
+                await view.add_answer(message.content, message.origins, message.speculators or ssm_names)
         self.query_one(TokenTreeView).reset()
         self.query_one(AcceptancePanel).reset()
 
@@ -173,11 +192,26 @@ class ChatScreen(Screen):
     def set_step_mode(self, on: bool) -> None:
         self.step_mode = on
         self.query_one(TokenTreeView).show_decision = on
+        self.layout_panel()
+
+    @property
+    def panel_shown(self) -> bool:
+        if self.panel_choice is not None:
+            return self.panel_choice
+        return self.step_mode or self.size.width >= NARROW_BELOW
+
+    def layout_panel(self) -> None:
+        self.query_one("#right").display = self.panel_shown
+
+    def action_toggle_panel(self) -> None:
+        self.panel_choice = not self.panel_shown
+        self.layout_panel()
 
     def set_colour_origins(self, on: bool) -> None:
-        self.query_one(ConversationView).colour_origins = on
-        legend = self.query_one(ConversationView).legend(self.app.theme_variables) if on else None
-        self.query_one(ConversationView).border_subtitle = legend.plain if legend else ""
+        view = self.query_one(ConversationView)
+        view.colour_origins = on
+        view.recolour()
+        view.show_legend()
 
     def action_browse(self, delta: int) -> None:
         self.query_one(TokenTreeView).action_browse(delta)

@@ -1,34 +1,42 @@
-"""Dialogs: help (key bindings), conversation list, rename, and generation settings."""
+"""Dialogs: help (key bindings), conversation list, rename, confirm. Settings: settings.py.
+
+Every dialog fits any window: its body scrolls (arrow keys, page keys, the mouse) and keyboard
+focus scrolls the focused control into view, so at 80x24 every control is reachable.
+"""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Markdown, OptionList, Switch
+from textual.widgets import Button, Input, Label, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ..config import Config
-
-KEYS = [
+KEYS = [  # docs/tui.md lists the same keys
     ("enter", "send the message"),
-    ("ctrl+j (shift+enter, alt+enter)", "new line in the message"),
+    ("ctrl+j or alt+enter", "new line in the message (both work under tmux; shift+enter and ctrl+enter where the terminal reports them)"),
     ("escape", "stop generating (within one verifier step); the partial answer is kept"),
     ("f1", "this help"),
-    ("f2", "conversations: open, new (n), rename (r), delete (d)"),
-    ("f3", "settings: system prompt, temperature, top-p, tree, SSMs, max new tokens"),
+    ("f2", "conversations: open (enter), new (n), rename (r), delete (d, asks first)"),
+    ("f3", "settings: system prompt, temperature, top-p, tree, SSMs, max new tokens, merge"),
     ("f4", "colour tokens by origin (SSM 1, SSM 2, n-gram, verifier bonus)"),
     ("f5", "step mode: pause after every verifier step"),
     ("f6", "next step (step mode, replay)"),
-    ("f7 / f8", "browse earlier / later steps of the answer (or [ ] in the tree)"),
+    ("f7 / f8", "browse earlier / later steps of the answer (or [ ] and ← → in the tree)"),
     ("f9", "copy the last answer to the clipboard"),
+    ("ctrl+t", "show / hide the side panel (token tree, acceptance); below 100 columns it is hidden unless step mode is on"),
     ("ctrl+n", "new conversation"),
     ("ctrl+r", "restart the engine after its process stopped"),
     ("ctrl+p", "command palette (themes, export, everything above)"),
     ("ctrl+q", "quit"),
     ("space / n / + / -", "replay: play-pause / step / faster / slower"),
 ]
+NOTES = (
+    "While an answer streams, ctrl+n and opening or deleting its conversation stop it first; "
+    "what it streamed is saved. The mouse works too: click, scroll, buttons. "
+    "↑ ↓ and page keys scroll this help."
+)
 
 
 class HelpScreen(ModalScreen):
@@ -36,12 +44,42 @@ class HelpScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         rows = "\n".join(f"| `{key}` | {what} |" for key, what in KEYS)
-        with Vertical(classes="dialog", id="help"):
-            yield Markdown("## spectui keys\n\n| key | does |\n|---|---|\n" + rows + "\n\nThe mouse works too: click, scroll, buttons.")
+        with VerticalScroll(classes="dialog", id="help"):
+            yield Markdown("## spectui keys\n\n| key | does |\n|---|---|\n" + rows + "\n\n" + NOTES)
             yield Button("Close", id="close")
+
+    def on_mount(self) -> None:
+        self.query_one("#help").focus()  # the arrow and page keys scroll
 
     def on_button_pressed(self) -> None:
         self.dismiss()
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question; y or the action button confirms, n, escape or Keep (focused first) declines."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+
+    def __init__(self, question: str, action: str) -> None:
+        super().__init__()
+        self.question, self.action = question, action
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog", id="confirm", can_focus=False):
+            yield Static(self.question, id="question")
+            yield Label(f"y {self.action.lower()} · n or esc keep it", classes="hint")
+            with Horizontal(classes="buttons"):
+                yield Button(self.action, id="yes", variant="error")
+                yield Button("Keep", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
 
 
 class TextPromptScreen(ModalScreen[str | None]):
@@ -78,7 +116,7 @@ class ConversationsScreen(ModalScreen[tuple[str, int | None] | None]):
         self.records, self.current = records, current
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="conversations"):
+        with VerticalScroll(classes="dialog", id="conversations", can_focus=False):
             yield Label("Conversations — enter open · n new · r rename · d delete · esc close")
             options = [Option(("● " if r.id == self.current else "  ") + r.title, id=str(r.id)) for r in self.records]
             yield OptionList(*options, id="conversation-list")
@@ -110,62 +148,3 @@ class ConversationsScreen(ModalScreen[tuple[str, int | None] | None]):
         if what != "new" and target is None:
             return
         self.dismiss((what, target))
-
-
-class SettingsScreen(ModalScreen[tuple[Config, str | None] | None]):
-    """Edit generation settings (saved to the config) and this conversation's system prompt."""
-
-    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
-
-    def __init__(self, config: Config, system: str | None) -> None:
-        super().__init__()
-        self.config, self.system = config, system
-
-    def compose(self) -> ComposeResult:
-        c = self.config
-        with Vertical(classes="dialog", id="settings"):
-            yield Label("Settings")
-            with Grid(id="settings-grid"):
-                yield Label("System prompt (this conversation)")
-                yield Input(self.system or "", id="system", compact=True)
-                yield Label("Temperature (0 = greedy)")
-                yield Input(str(c.temperature), id="temperature", compact=True)
-                yield Label("Top-p")
-                yield Input(str(c.top_p), id="top_p", compact=True)
-                yield Label("Tree: auto, or children per depth (e.g. 1,1,1)")
-                yield Input(c.tree, id="tree", compact=True)
-                yield Label("Max new tokens")
-                yield Input(str(c.max_new_tokens), id="max_new_tokens", compact=True)
-                yield Label("Speculate (SSMs on)")
-                yield Switch(c.speculate, id="speculate")
-                yield Label("Merge the SSMs' trees (union or vote)")
-                yield Input(c.merge, id="merge", compact=True)
-            yield Label("", id="settings-error")
-            with Horizontal(classes="buttons"):
-                yield Button("Save", id="save", variant="primary")
-                yield Button("Cancel", id="cancel")
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "cancel":
-            self.dismiss(None)
-            return
-        self.save()
-
-    def on_input_submitted(self) -> None:
-        self.save()
-
-    def save(self) -> None:
-        value = lambda name: self.query_one(f"#{name}", Input).value.strip()  # noqa: E731
-        try:
-            config = Config(**{**self.config.__dict__, "notice": None})
-            config.temperature = float(value("temperature"))
-            config.top_p = float(value("top_p"))
-            config.tree = value("tree")
-            config.max_new_tokens = int(value("max_new_tokens"))
-            config.speculate = self.query_one("#speculate", Switch).value
-            config.merge = value("merge")
-            config.settings()
-        except ValueError as exc:
-            self.query_one("#settings-error", Label).update(f"✗ {exc}")
-            return
-        self.dismiss((config, value("system") or None))

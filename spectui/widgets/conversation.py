@@ -39,6 +39,9 @@ class AnswerBlock(Vertical):
         yield Markdown(self.text, classes="answer-md")
         yield Static("", classes="answer-coloured")
 
+    def on_mount(self) -> None:
+        self.recolour()
+
     def add(self, text: str, pieces) -> None:
         """Queue streamed text (drawn at the next flush)."""
         self.text += text
@@ -75,8 +78,13 @@ class AnswerBlock(Vertical):
 
     def watch_colour_origins(self, on: bool) -> None:
         self.set_class(on, "-coloured")
-        if on and self.is_mounted:
-            self.query_one(".answer-coloured", Static).update(self.coloured())
+        self.recolour()
+
+    def recolour(self) -> None:
+        """Draw the coloured rendering (when shown) in the current theme's origin colours."""
+        if self.colour_origins:
+            for view in self.query(".answer-coloured").results(Static):  # none before compose
+                view.update(self.coloured())
 
 
 class ConversationView(VerticalScroll):
@@ -100,8 +108,24 @@ class ConversationView(VerticalScroll):
         for block in self.query(AnswerBlock):
             block.colour_origins = on
 
-    def legend(self, variables: dict[str, str]) -> Text:
-        out = Text("origins: ")
+    def recolour(self) -> None:
+        for block in self.query(AnswerBlock):
+            block.recolour()
+
+    def legend(self, variables: dict[str, str], width: int = 80) -> Text:
+        """The origin colours, each label in its colour; a shorter form when the view is narrow."""
+        full = Text("origins:")
+        short = Text()
         for key in ("ssm1", "ssm2", "ngram", "bonus"):
-            out.append(f"■ {origin_label(key)}  ", style=origin_colour(key, variables))
-        return out
+            style = origin_colour(key, variables)
+            full.append(f" ■ {origin_label(key)}", style=style)
+            short.append(f"■ {origin_label(key, short=True)} ", style=style)
+        short.rstrip()
+        return full if full.cell_len + 6 <= width else short  # 6: the border's corners and padding
+
+    def show_legend(self) -> None:
+        """The legend as the border subtitle while tokens are coloured by origin."""
+        self.border_subtitle = self.legend(self.app.theme_variables, self.size.width) if self.colour_origins else ""
+
+    def on_resize(self) -> None:
+        self.show_legend()

@@ -25,8 +25,8 @@ def origin_key(origin: str, ssm_names: list[str]) -> str:
     return "ssm1" if index == 0 else "ssm2"
 
 
-def origin_label(key: str) -> str:
-    return {"bonus": "verifier bonus", "ngram": "n-gram", "ssm1": "SSM 1", "ssm2": "SSM 2"}[key]
+def origin_label(key: str, short: bool = False) -> str:
+    return {"bonus": "bonus" if short else "verifier bonus", "ngram": "n-gram", "ssm1": "SSM 1", "ssm2": "SSM 2"}[key]
 
 
 def origin_colour(key: str, variables: dict[str, str]) -> str:

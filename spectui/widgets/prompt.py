@@ -1,14 +1,41 @@
-"""PromptInput: the multi-line message box. Enter sends; ctrl+j (or shift/alt+enter) adds a newline."""
+"""PromptInput: the multi-line message box. Enter sends; ctrl+j, alt+enter or shift+enter adds a newline.
+
+Which of those a terminal can deliver differs: ctrl+j arrives everywhere (it is a plain line
+feed); alt+enter arrives as ESC + Enter in xterm-like terminals and under tmux and screen, which
+Textual's key parser reads as a plain Enter (it drops the alt of a key it has a name for), so
+`recognise_escape_enter` teaches it ESC + Enter as alt+enter; shift+enter and ctrl+enter arrive
+only from terminals that report modified keys (kitty, WezTerm, foot, ghostty, iTerm2 with CSI u).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
-NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+NEWLINE_KEYS = ("ctrl+j", "alt+enter", "shift+enter", "ctrl+enter")
+ESCAPE_ENTER = "\x1b\r"  # what alt+enter sends in xterm-like terminals, tmux and screen
+
+
+class TerminalKey(str, Enum):  # shaped like textual.keys.Keys, which the parser's table holds
+    ALT_ENTER = "alt+enter"
+
+
+def recognise_escape_enter() -> None:
+    """Report ESC + Enter as alt+enter (Textual reads it as enter). Idempotent, for the process.
+
+    Textual's parser looks a sequence up in this table before it reissues an unknown one as keys
+    (which is where the alt is lost); Textual itself maps ESC + DEL (alt+backspace) there. The
+    table is private: should a Textual release move it, alt+enter sends again under tmux (ctrl+j
+    still adds a line) and tests/tui/test_tmux.py fails."""
+    try:
+        from textual._ansi_sequences import ANSI_SEQUENCES_KEYS
+    except ImportError:
+        return
+    ANSI_SEQUENCES_KEYS.setdefault(ESCAPE_ENTER, (TerminalKey.ALT_ENTER,))
 
 
 class PromptInput(TextArea):

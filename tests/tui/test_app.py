@@ -9,7 +9,8 @@ import pytest
 from spectui import paths
 from spectui.app import SpecTuiApp
 from spectui.config import load_config
-from spectui.screens.dialogs import ConversationsScreen, HelpScreen, SettingsScreen
+from spectui.screens.dialogs import ConfirmScreen, ConversationsScreen, HelpScreen
+from spectui.screens.settings import SettingsScreen
 from spectui.store import Store
 from spectui.widgets.conversation import UserBlock
 
@@ -72,8 +73,20 @@ async def test_conversations_switch_rename_delete(fresh_home):
         assert app.record.title == "renamed"
         assert isinstance(app.screen, ConversationsScreen)
         app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
-        await pilot.press("d")
+        await pilot.press("d")  # asks first: n (or esc, or the focused Keep button) keeps it
         await pilot.pause(0.2)
+        assert isinstance(app.screen, ConfirmScreen) and "renamed" in str(app.screen.query_one("#question").render())
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ConversationsScreen) and len(Store(paths.history_db()).list()) == 2
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        await pilot.press("d", "enter")  # enter on the focused button: Keep
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ConversationsScreen) and len(Store(paths.history_db()).list()) == 2
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        await pilot.press("d", "y")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ConversationsScreen)
         await pilot.press("escape")
         await pilot.pause(0.2)
         assert app.record.id == b.id
@@ -90,7 +103,9 @@ async def test_settings_saved_to_config(fresh_home):
         app.screen.query_one("#tree").value = "0"
         await pilot.click("#save")
         await pilot.pause()
-        assert "✗" in str(app.screen.query_one("#settings-error").render())
+        error = app.screen.query_one("#tree-error")
+        assert error.display and str(error.render()).startswith("✗ Tree “0”: expected auto")
+        assert app.screen.focused.id == "tree"
         app.screen.query_one("#tree").value = "3,2"
         app.screen.query_one("#temperature").value = "0.5"
         app.screen.query_one("#system").value = "You are terse."
@@ -101,6 +116,35 @@ async def test_settings_saved_to_config(fresh_home):
         assert app.record.system == "You are terse."
     config = load_config(paths.config_file())
     assert config.tree == "3,2" and config.temperature == 0.5
+
+
+@pytest.mark.parametrize("field, typed, line", [
+    ("temperature", "", "✗ Temperature is empty: enter a number ≥ 0 (0 = greedy)"),
+    ("max_new_tokens", "", "✗ Max new tokens is empty: enter a whole number ≥ 1"),
+    ("top_p", "lots", "✗ Top-p “lots”: enter a number above 0, at most 1 (1 = off)"),
+    ("merge", "", "✗ Merge is empty: enter union or vote"),
+])
+async def test_a_bad_settings_field_gets_one_clear_line_next_to_it(fresh_home, field, typed, line):
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f3")
+        app.screen.query_one("#system").value = "typed, not lost"
+        app.screen.query_one(f"#{field}").value = typed
+        await pilot.click("#save")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)  # still open, with what was typed
+        assert app.screen.query_one("#system").value == "typed, not lost"
+        error = app.screen.query_one(f"#{field}-error")
+        text = str(error.render())
+        assert error.display and text == line and "\n" not in text and "convert" not in text
+        assert app.screen.focused.id == field  # the cursor is on the field to fix
+        shown = [e.id for e in app.screen.query(".field-error") if e.display]
+        assert shown == [f"{field}-error"]
+        app.screen.query_one(f"#{field}").value = {"merge": "vote", "top_p": "0.9"}.get(field, "1")
+        await pilot.press("enter")  # fixed: enter in the field saves
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen)
+        assert app.record.system == "typed, not lost"
 
 
 async def test_theme_kept_in_config_and_help_lists_keys(fresh_home):
@@ -118,6 +162,29 @@ async def test_theme_kept_in_config_and_help_lists_keys(fresh_home):
     async with again.run_test() as pilot:
         await pilot.pause()
         assert again.theme == "spectui-high-contrast"
+
+
+async def test_escape_enter_from_the_terminal_adds_a_line(fresh_home):
+    """What tmux sends for alt+enter (ESC + CR) reaches the message box as alt+enter: a new line."""
+    from textual._xterm_parser import XTermParser
+
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test() as pilot:
+        keys = [event.key for event in XTermParser().feed("one\x1b\rtwo\nthree")]  # alt+enter, then ctrl+j
+        assert keys == ["o", "n", "e", "alt+enter", "t", "w", "o", "ctrl+j", "t", "h", "r", "e", "e"]
+        await pilot.press(*keys)
+        assert app.chat.query_one("#prompt").text == "one\ntwo\nthree" and not app.generating
+
+
+def test_docs_list_the_keys_f1_shows():
+    from pathlib import Path
+
+    from spectui.screens.dialogs import KEYS
+
+    docs = (Path(__file__).parents[2] / "docs" / "tui.md").read_text(encoding="utf-8")
+    table = docs[docs.index("## Keys"):docs.index("## Design")]
+    rows = [line.strip("|").split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [(key.strip(), what.strip()) for key, what in rows] == [(key, what.replace("this help", "help: every key")) for key, what in KEYS]
 
 
 async def test_palette_lists_app_commands(fresh_home):

@@ -13,7 +13,7 @@ import pytest
 
 from spectui import paths
 from spectui.app import SpecTuiApp
-from spectui.screens.dialogs import SettingsScreen
+from spectui.screens.settings import SettingsScreen
 from spectui.store import Store
 from spectui.widgets.conversation import UserBlock
 

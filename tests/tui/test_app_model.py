@@ -49,9 +49,12 @@ async def test_answer_tree_chart_and_history_survive_restart(model_home):
         assert "tokens/s" in str(app.chat.query_one("#figures").render())
         assert app.chat.query_one("#prompt").text == ""
         conversation_id = app.record.id
-    # a new app on the same SPECTUI_HOME reopens the conversation
+        speculators = app.info.speculators
+    # a new app on the same SPECTUI_HOME reopens the conversation, the answer's token origins with it
     store = Store(paths.history_db())
-    assert [m.role for m in store.messages(conversation_id)] == ["user", "assistant"]
+    messages = store.messages(conversation_id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert "".join(piece for piece, _ in messages[1].origins) == answer and messages[1].speculators == speculators
     store.close()
     again = SpecTuiApp(autoload=False)
     async with again.run_test(size=SIZE) as pilot:
@@ -60,6 +63,8 @@ async def test_answer_tree_chart_and_history_survive_restart(model_home):
         users = [str(b.render()) for b in again.chat.query(UserBlock)]
         assert users == [QUESTION]
         assert [b.text for b in again.chat.query(AnswerBlock)] == [answer]
+        [block] = again.chat.query(AnswerBlock)
+        assert block.pieces == messages[1].origins and len(block.coloured().spans) == len(block.pieces)
 
 
 @pytest.mark.slow

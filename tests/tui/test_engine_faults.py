@@ -2,9 +2,9 @@
 points in 20 turns. Afterwards every prompt and every streamed text is in the history database,
 and after each death the app said so in one notice and came back through ctrl+r.
 
-The engine runs a tiny random LLaMA folder (the embedded model's tokenizer, 2 layers, fp32) so a
-restart takes seconds. Six of the 20 turns, seeded, lose their engine: during a step-mode pause after k steps, at a random
-moment of a free-running turn (mid-answer or just after it), or while the app is idle.
+The engine runs a tiny random LLaMA folder (conftest.py's `tiny_model`) so a restart takes
+seconds. Six of the 20 turns, seeded, lose their engine: during a step-mode pause after k steps,
+at a random moment of a free-running turn (mid-answer or just after it), or while the app is idle.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,29 +28,6 @@ pytestmark = pytest.mark.anyio
 
 SEED = 20240611
 TURNS = 20
-
-
-def tiny_llama(folder: Path, tokenizer_dir: Path) -> Path:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=False)
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40.0)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)  # with its chat template
-    return folder
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, embedded_dir):
-    return tiny_llama(tmp_path_factory.mktemp("tiny") / "verifier", embedded_dir)
 
 
 def kill(app) -> int:

@@ -1,4 +1,5 @@
-"""Snapshot tests from a trace recorded with the real engine (no model): main screen, step mode, replay.
+"""Snapshot tests from a trace recorded with the real engine (no model): main screen, step mode, replay,
+at 140x42 and in a small window (80x24: the chat alone, step mode with its panel, help, settings).
 
 Update them with `pytest tests/tui/test_snapshots.py --snapshot-update` after a deliberate change.
 """
@@ -17,6 +18,7 @@ from tui_helpers import TRACE
 pytestmark = pytest.mark.anyio
 
 SIZE = (140, 42)
+SMALL = (80, 24)
 
 
 @pytest.fixture
@@ -24,8 +26,10 @@ def fixed_memory(monkeypatch):
     monkeypatch.setattr("spectui.widgets.status.memory_in_use", lambda engine_pid=0: "RAM 512 MiB")
 
 
-def test_main_screen(snap_compare, fresh_home, fixed_memory):
-    """The live chat screen after an answer: StepEvents posted exactly as the generation worker does."""
+@pytest.mark.parametrize("size", [SIZE, SMALL], ids=["140x42", "80x24"])
+def test_main_screen(snap_compare, fresh_home, fixed_memory, size):
+    """The live chat screen after an answer: StepEvents posted exactly as the generation worker does.
+    At 80x24 the side panel gives the chat the whole width."""
     info, events = read_trace(TRACE)
     app = SpecTuiApp(model=info.model, autoload=False)
 
@@ -40,13 +44,29 @@ def test_main_screen(snap_compare, fresh_home, fixed_memory):
         app.chat.status.state = "ready"
         await pilot.pause()
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_step_mode(snap_compare, fresh_home):
+@pytest.mark.parametrize("size", [SIZE, SMALL], ids=["140x42", "80x24"])
+def test_step_mode(snap_compare, fresh_home, size):
     """Replay paused after a few verifier steps: the tree and the decision stay on screen."""
     app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
-    assert snap_compare(app, terminal_size=SIZE, press=["n", "n", "n", "n", "_"])
+    assert snap_compare(app, terminal_size=size, press=["n", "n", "n", "n", "_"])
+
+
+@pytest.mark.parametrize("key", ["f1", "f3"], ids=["help", "settings"])
+def test_dialog_in_a_small_window(snap_compare, fresh_home, fixed_memory, key):
+    app = SpecTuiApp(autoload=False)
+
+    async def run_before(pilot):
+        await pilot.pause()
+        app.chat.query_one("#prompt").cursor_blink = False
+        await pilot.press(key)
+        await pilot.pause(0.3)
+        for cursor in app.screen.query("Input"):
+            cursor.cursor_blink = False
+
+    assert snap_compare(app, terminal_size=SMALL, run_before=run_before)
 
 
 def test_replay_finished_with_origin_colours(snap_compare, fresh_home):

@@ -20,7 +20,10 @@ SOCKET = f"spectui-test-{os.getpid()}"  # a private tmux server: its own size, n
 
 
 def tmux(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["tmux", "-L", SOCKET, "-f", "/dev/null", *args], capture_output=True, text=True)
+    # env: Python's view of the environment. The process's own can hold LINES=24 and COLUMNS=80 that
+    # readline exported when something imported it; the app would read those over the pane's size.
+    return subprocess.run(["tmux", "-L", SOCKET, "-f", "/dev/null", *args], capture_output=True, text=True,
+                          env=dict(os.environ))
 
 
 def screen(session: str) -> str:
@@ -125,3 +128,33 @@ def test_history_survives_kill_9_of_the_whole_app_mid_answer(model_home):
     assert [role for role, _ in first] == ["user", "assistant", "user", "assistant"]
     assert first[2] == ("user", "Name a fruit.") and all(text.strip() for _, text in first)
     assert any(c and c[0] == ("user", "Write a long story about a lighthouse keeper.") for c in contents)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_alt_enter_and_ctrl_j_add_a_line_in_tmux(fresh_home, tmp_path):
+    """tmux sends alt+enter as ESC + Enter, which Textual reads as Enter: it must add a line, not send.
+    No model needed: a folder that fails to load leaves the app running with its message box."""
+    broken = tmp_path / "not-a-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    session = f"spectui-keys-{os.getpid()}"
+    command = f"env SPECTUI_HOME={fresh_home} {SPECTUI} chat --model {broken}"
+    assert tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", command).returncode == 0
+    try:
+        wait_screen(session, lambda s: "Loading failed" in s, 120, "the load to fail")
+        time.sleep(0.5)
+        tmux("send-keys", "-t", session, "-l", "first line")
+        tmux("send-keys", "-t", session, "M-Enter")  # alt+enter, as tmux passes it on: ESC + CR
+        tmux("send-keys", "-t", session, "-l", "second line")
+        tmux("send-keys", "-t", session, "C-j")
+        tmux("send-keys", "-t", session, "-l", "third line")
+        text = wait_screen(session, lambda s: "third line" in s, 10, "the typed text")
+        lines = text.splitlines()
+        rows = [next(i for i, line in enumerate(lines) if f"│ {word} line" in line) for word in ("first", "second", "third")]
+        assert rows[1] == rows[0] + 1 and rows[2] == rows[1] + 1, text  # three lines in the message box
+        assert "you" not in text and "cannot answer yet" not in text  # nothing was sent
+        tmux("send-keys", "-t", session, "Enter")  # Enter still sends (refused here: no model), the text stays
+        text = wait_screen(session, lambda s: "cannot answer yet" in s, 10, "the send to be refused")
+        assert "third line" in text
+    finally:
+        tmux("kill-server")

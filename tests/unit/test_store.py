@@ -134,6 +134,21 @@ def test_unversioned_history_is_migrated(tmp_path):
     indexes = {row[1] for row in store.db.execute("PRAGMA index_list(messages)")}
     assert "messages_by_conversation" in indexes
     assert not list(tmp_path.glob("*.broken-*"))
+    assert store.messages(7)[0].speculators == []  # the old rows: no speculators recorded
+    store.add_message(7, "assistant", "Yes.", [["Yes", "ssm-b"], [".", "verifier"]], ["ssm-a", "ssm-b"])
+    assert store.messages(7)[1].speculators == ["ssm-a", "ssm-b"]  # the column the migration added
+
+
+def test_answers_keep_their_origins_and_speculators(tmp_path):
+    store = Store(tmp_path / "history.sqlite3")
+    record = store.create("t")
+    store.add_message(record.id, "assistant", "Paris.", [["Paris", "b-2"], [".", "verifier"]], ["b-1", "b-2"])
+    store.add_message(record.id, "assistant", "no origins")
+    store.db.execute("UPDATE messages SET origins = '[[1, 2, 3]]', speculators = '{}' WHERE content = 'no origins'")
+    store.close()
+    answer, odd = Store(tmp_path / "history.sqlite3").messages(record.id)
+    assert answer.origins == [("Paris", "b-2"), (".", "verifier")] and answer.speculators == ["b-1", "b-2"]
+    assert odd.origins == [] and odd.speculators == []  # not what spectui writes: shown uncoloured
 
 
 def test_newer_schema_is_left_untouched(tmp_path):
