@@ -20,7 +20,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ..engine.events import StepEvent
+from ..engine import StepEvent
 from ..widgets.acceptance import AcceptancePanel
 from ..widgets.conversation import AnswerBlock, ConversationView
 from ..widgets.origins import token_pieces

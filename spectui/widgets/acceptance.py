@@ -16,7 +16,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Static
 
-from ..engine.events import StepEvent
+from ..engine import StepEvent
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 

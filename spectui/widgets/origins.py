@@ -7,7 +7,7 @@ the prompt-lookup drafter is "ngram".
 
 from __future__ import annotations
 
-from ..engine.events import BONUS_SOURCE, StepEvent
+from ..engine import BONUS_SOURCE, StepEvent
 
 NGRAM = "ngram"
 

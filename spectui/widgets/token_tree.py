@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Button, Label, Static, Tree
 
-from ..engine.events import StepEvent
+from ..engine import StepEvent
 
 
 def show_token(text: str) -> str:
