@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 INCREMENTAL = "incremental"
 DEFAULT_SPEC = "speculative"  # the default-tree row the "never slower" claim is about
-SPEC_METHODS = ("speculative-fixed", "speculative", "speculative-vote")  # ours, with speculation
+SPEC_METHODS = ("speculative-fixed", "speculative", "speculative-pipelined", "speculative-vote")  # ours, with speculation
 OURS = (INCREMENTAL, *SPEC_METHODS)  # the engine's methods: verifier steps and TTFT are known
 BASES = (INCREMENTAL, "hf-generate", "hf-prompt-lookup", "hf-assisted")  # what speculative rows are compared with
 UNCATEGORISED = "uncategorised"  # the by-category key for prompts without a category
@@ -175,7 +175,7 @@ def _x(value) -> str:
 def format_table(report: dict) -> str:
     """The report as a table for people: one line per method, then the ratios per speculative row."""
     head = (
-        f"{'method':<19}{'tokens/s':>9}{'tokens/step':>12}{'nodes/step':>11}{'TTFT ms':>9}"
+        f"{'method':<22}{'tokens/s':>9}{'tokens/step':>12}{'nodes/step':>11}{'TTFT ms':>9}"
         f"{'vs incr':>9}{'worst (prompt)':>16}{'identical':>11}"
     )
     rows = [head]
@@ -188,7 +188,7 @@ def format_table(report: dict) -> str:
             low = m["min_speedup_vs_incremental"]
             geo, worst = _x(m["geomean_speedup_vs_incremental"]), f"{_x(low['speedup'])} (#{low['index']})"
             same = f"{m['identical_outputs']}/{m['compared_outputs']}"
-        rows.append(f"{name:<19}{m['tokens_per_s']:>9.2f}{steps:>12}{nodes:>11}{ttft:>9}{geo:>9}{worst:>16}{same:>11}")
+        rows.append(f"{name:<22}{m['tokens_per_s']:>9.2f}{steps:>12}{nodes:>11}{ttft:>9}{geo:>9}{worst:>16}{same:>11}")
     rows += [
         "",
         f"model {report['model']} ({report['quant']}, {report['device']}, attention {report['attention_backend']}), "
