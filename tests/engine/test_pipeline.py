@@ -117,6 +117,6 @@ def test_pipelined_output_equals_unpipelined(shape):
         events = list(engine.generate(COMMITTED, settings))
         outputs.append([t for e in events for t in e.new_tokens])
     assert outputs[0] == outputs[1] and len(outputs[0]) == 40
-    assert drafter.prefetches > 0 and drafter.hits <= drafter.prefetches  # the pipeline ran
-    if shape != "auto":  # (the auto tree here drafts with its twin SSM only now and then)
-        assert drafter.hits > 0, "a right guess served the next step's root"
+    assert drafter.hits <= drafter.prefetches
+    if shape != "auto":  # whether the auto tree runs the SSM at all depends on measured costs
+        assert drafter.prefetches > 0 and drafter.hits > 0, "the pipeline ran, and a right guess served a root"
