@@ -24,6 +24,7 @@ from textual.screen import Screen
 
 from . import paths
 from .config import GENERATION, Config, ConfigError, load_config, save_config
+from .documents import DocumentError, expand_file_commands
 from .engine import prepare_engine_process
 from .engine_link import EngineLink
 from .history_actions import HistoryActions
@@ -194,7 +195,12 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
 
     # ---- a turn
     async def on_prompt_input_submitted(self, message) -> None:
-        await self.send(message.text)
+        try:
+            text = expand_file_commands(message.text)  # each line `/file PATH` becomes that file's text
+        except DocumentError as exc:
+            self.chat.set_notice(str(exc), error=True)  # the prompt box keeps what was typed
+            return
+        await self.send(text)
 
     async def send(self, text: str) -> None:
         if self.generating:

@@ -15,6 +15,7 @@ import sys
 
 import typer
 
+from . import __version__
 from .chat_commands import chat, replay, tui_bench
 from .generate_commands import bench, generate, models
 from .tune_command import tune
@@ -25,8 +26,24 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's too
     help="Terminal chat on SpecInfer-style tree speculation.",
 )
+
+
+def print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"spectui {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """Terminal chat on SpecInfer-style tree speculation."""
+
+
 for name, command in (("generate", generate), ("models", models), ("bench", bench), ("chat", chat),
                       ("replay", replay), ("tui-bench", tui_bench), ("tune", tune), ("tune-eval", tune_eval)):
     app.command(name)(command)

@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from . import paths
+from .documents import DocumentError, read_document, read_stream
 from .engine import (
     DEFAULT_MERGE, Conversation, GenerationSettings, RunInfo, chat_turn, parse_tree, preset_rows, tree_text, write_trace,
 )
@@ -37,7 +38,8 @@ def make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge
 
 
 def generate(
-    prompt: str = typer.Argument(..., help="the user message"),
+    prompt: Optional[str] = typer.Argument(None, help="the user message; - reads it from stdin"),
+    file: Optional[Path] = typer.Option(None, "--file", help="read the user message from this text file (UTF-8)"),
     model: str = ModelOpt,
     ssm: Optional[list[str]] = SsmOpt,
     quant: str = QuantOpt,
@@ -55,11 +57,9 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="print StepEvents as JSON lines instead of text"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="record StepEvents to this JSONL file"),
 ) -> None:
-    """Stream the answer to PROMPT on stdout; a one-line summary goes to stderr."""
+    """Stream the answer to PROMPT (or stdin with -, or --file PATH) on stdout; a one-line summary goes to stderr."""
     with friendly_errors():
-        prompt, system = text_arg(prompt), text_arg(system)
-        if not prompt.strip():
-            raise UsageFailure("the prompt is empty")
+        prompt, system = read_prompt(prompt, file), text_arg(system)
         settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge)
         settings.detail = as_json or trace is not None  # trees with text and probabilities only when recorded
         if trace is not None:
@@ -91,6 +91,33 @@ def generate(
             typer.echo(summary_line(last, models), err=True)
             if last.stop_reason == "stopped":
                 raise typer.Exit(130)
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    """The user message: the argument, stdin for -, or --file's text. UsageFailure (exit 2) before any model loads."""
+    if prompt is not None and file is not None:
+        raise UsageFailure("give the prompt as an argument or with --file, not both")
+    if file is not None:
+        where = f"--file {file}"
+        try:
+            text = stdin_text() if str(file) == "-" else read_document(file)
+        except DocumentError as exc:
+            raise UsageFailure(f"--file: {exc}") from None
+    elif prompt == "-":
+        where, text = "stdin", stdin_text()
+    elif prompt is None:
+        raise UsageFailure("no prompt: give it as an argument, - to read stdin, or --file PATH")
+    else:
+        where, text = "", text_arg(prompt)
+    if not text.strip():
+        raise UsageFailure(f"the prompt is empty{f' ({where})' if where else ''}")
+    return text
+
+
+def stdin_text() -> str:
+    if sys.stdin.isatty():
+        typer.echo("spectui: reading the prompt from stdin (ctrl+d ends it)", err=True)
+    return read_stream(sys.stdin.buffer)
 
 
 def stream(events, as_json: bool):

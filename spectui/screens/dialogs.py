@@ -15,6 +15,7 @@ from textual.widgets.option_list import Option
 
 KEYS = [  # docs/tui.md lists the same keys
     ("enter", "send the message"),
+    ("/file PATH", "put a text file in the message: a line /file PATH is replaced by the file's text when the message is sent (a question can go on the lines around it)"),
     ("ctrl+j or alt+enter", "new line in the message (both work under tmux; shift+enter and ctrl+enter where the terminal reports them)"),
     ("escape", "stop generating (within one verifier step); the partial answer is kept"),
     ("f1", "this help"),

@@ -185,6 +185,27 @@ def test_non_utf8_prompt_is_decoded_with_replacement(tiny_chat_model, tmp_path):
     assert sum(len(e.new_tokens) for e in events) == 3
 
 
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_prompt_from_a_file_or_stdin_is_what_the_model_gets(tiny_chat_model, tmp_path, source):
+    """`spectui generate --file PATH` and `... | spectui generate -`: the document, decoded as UTF-8 with
+    replacement, is the prompt (the trace records what the model was given)."""
+    document = "Summarise:\nThe quarterly report \u2014 revenue rose 4 %.\n".encode() + b"bad byte \xff here\n"
+    (tmp_path / "doc.txt").write_bytes(document)
+    trace = tmp_path / "t.jsonl"
+    args = ["--file", str(tmp_path / "doc.txt")] if source == "file" else ["-"]
+    result = subprocess.run(
+        [*SPECTUI, "generate", *args, "--model", str(tiny_chat_model), "--quant", "none", "--device", "cpu",
+         "--max-new-tokens", "3", "--no-spec", "--trace", str(trace)],
+        input=document if source == "stdin" else b"", capture_output=True, timeout=300, env=os.environ.copy(),
+    )
+    stderr = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 0, stderr
+    assert "Traceback" not in stderr and "reading the prompt" not in stderr  # the hint is for a terminal only
+    info, events = read_trace(trace)
+    assert info.prompt == document.decode("utf-8", "replace") and "\ufffd here" in info.prompt
+    assert sum(len(e.new_tokens) for e in events) == 3
+
+
 @pytest.mark.parametrize("flags", [[], ["--json"]])
 def test_closed_stdout_exits_quietly_with_141(tiny_chat_model, flags):
     """`spectui generate ... | head -c1`: the reader takes one byte and goes; no traceback, no error line."""

@@ -87,3 +87,65 @@ def test_unwritable_bench_json_exits_2_before_loading(tmp_path):
     target = tmp_path / "missing-folder" / "report.json"
     result = run_cli("bench", *NO_MODEL, "--prompts", str(prompts), "--json", str(target))
     assert one_line_exit_2(result).startswith(f"spectui: cannot write --json {target}")
+
+
+def test_version_prints_the_package_version():
+    from importlib.metadata import version
+
+    result = run_cli("--version")
+    assert result.exit_code == 0 and result.exception is None, result.output
+    assert result.stdout == f"spectui {version('spectui')}\n"
+
+
+@pytest.mark.parametrize("command", [[], ["generate"], ["chat"], ["models"]])
+def test_h_is_help(command):
+    short, long = run_cli(*command, "-h"), run_cli(*command, "--help")
+    assert short.exit_code == long.exit_code == 0, short.output
+    assert short.stdout == long.stdout and "Usage:" in short.stdout and "-h, --help" in short.stdout
+
+
+@pytest.fixture
+def documents(tmp_path):
+    (tmp_path / "empty.txt").write_text(" \n\n", encoding="utf-8")
+    (tmp_path / "doc.txt").write_bytes(b"The report \xff says 42.\n")
+    (tmp_path / "a-folder").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "args, stdin, needle",
+    [
+        (["--file", "{dir}/missing.txt"], None, "spectui: --file: no such file: {dir}/missing.txt"),
+        (["--file", "{dir}/a-folder"], None, "spectui: --file: {dir}/a-folder is a folder, not a text file"),
+        (["--file", "{dir}/empty.txt"], None, "spectui: the prompt is empty (--file {dir}/empty.txt)"),
+        (["hi", "--file", "{dir}/doc.txt"], None, "spectui: give the prompt as an argument or with --file, not both"),
+        (["-", "--file", "{dir}/doc.txt"], b"hi", "spectui: give the prompt as an argument or with --file, not both"),
+        ([], None, "spectui: no prompt: give it as an argument, - to read stdin, or --file PATH"),
+        (["-"], b" \n\t\n", "spectui: the prompt is empty (stdin)"),
+        (["-"], b"", "spectui: the prompt is empty (stdin)"),
+    ],
+    ids=["missing", "folder", "empty-file", "both", "both-stdin", "none", "blank-stdin", "empty-stdin"],
+)
+def test_bad_document_input_exits_2_before_loading(documents, args, stdin, needle):
+    args = [arg.format(dir=documents) for arg in args]
+    result = CliRunner().invoke(app, ["generate", *args, *NO_MODEL], input=stdin)
+    assert one_line_exit_2(result) == needle.format(dir=documents)
+
+
+@pytest.mark.parametrize("args, stdin", [(["--file", "{dir}/doc.txt"], None), (["-"], b"The report \xff says 42.\n")],
+                         ids=["file", "stdin"])
+def test_good_document_input_gets_as_far_as_the_model(documents, args, stdin):
+    args = [arg.format(dir=documents) for arg in args]
+    result = CliRunner().invoke(app, ["generate", *args, *NO_MODEL], input=stdin)
+    assert "unknown model" in one_line_exit_2(result)
+
+
+def test_oversized_document_exits_2(documents):
+    from spectui.documents import MAX_BYTES
+
+    big = documents / "big.txt"
+    big.write_bytes(b"a" * (MAX_BYTES + 1))
+    line = one_line_exit_2(run_cli("generate", "--file", str(big), *NO_MODEL))
+    assert line == f"spectui: --file: {big} is larger than 1 MiB, more than any model's context"
+    (documents / "fits.txt").write_bytes(b"a" * MAX_BYTES)  # the limit itself is allowed
+    assert "unknown model" in one_line_exit_2(run_cli("generate", "--file", str(documents / "fits.txt"), *NO_MODEL))

@@ -1,7 +1,7 @@
 """Answers and what surrounds them: token origins saved with each answer and coloured again when the
 chat reopens; the status line's SSMs when speculation is off; ctrl+n, F2 → open and F2 → delete
 while an answer streams (a real engine process on a tiny model): the answer stops, what it
-streamed is saved with its origins, then the command runs."""
+streamed is saved with its origins, then the command runs; `/file PATH` sends the file's text."""
 
 from __future__ import annotations
 
@@ -95,6 +95,28 @@ async def test_status_line_says_ssms_off_when_speculation_is_off(fresh_home):
             await pilot.pause()
             assert app.chat.status.ssms == expected
             assert ("SSMs " + expected) in str(app.chat.status.render())
+
+
+async def test_file_command_puts_the_document_in_the_message(fresh_home, tiny_model, tmp_path):
+    """`/file PATH` on a line of its own: that line becomes the file's text (UTF-8, bad bytes as U+FFFD) in
+    the message sent, shown and saved; the lines around it are sent as typed."""
+    document = tmp_path / "report.txt"
+    document.write_bytes("Revenue rose 4 % \u2014 a record.\n".encode() + b"\xff end\n")
+    app = SpecTuiApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
+                     overrides={"max_new_tokens": 4, "tree": "2,1"})
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine is not None or app.load_error, 120, "the model to load")
+        assert app.load_error is None, app.load_error
+        prompt = app.chat.query_one("#prompt")
+        prompt.insert(f"Read this:\n/file {document}")
+        await pilot.press("ctrl+j", *"Summarise it.", "enter")
+        await wait_for(pilot, lambda: list(app.chat.query(UserBlock)) and not app.generating, 120, "the answer")
+        expected = "Read this:\nRevenue rose 4 % \u2014 a record.\n\ufffd end\nSummarise it."
+        assert [str(block.render()) for block in app.chat.query(UserBlock)] == [expected]
+        assert prompt.text == "" and not app.chat.query_one("#notice").display
+        messages, _ = saved(app.record.id)
+    assert [m.role for m in messages] == ["user", "assistant"] and messages[0].content == expected
+    assert messages[1].content
 
 
 async def ask_and_pause(app, pilot, text: str) -> str:

@@ -187,6 +187,31 @@ def test_docs_list_the_keys_f1_shows():
     assert [(key.strip(), what.strip()) for key, what in rows] == [(key, what.replace("this help", "help: every key")) for key, what in KEYS]
 
 
+@pytest.mark.parametrize(
+    "name, needle",
+    [("missing.txt", "/file: no such file: {path}"), ("a-folder", "/file: {path} is a folder, not a text file"),
+     ("empty.txt", "/file: {path} is empty"), ("", "/file needs a path: /file PATH on a line of its own (ctrl+j starts the next line)")],
+    ids=["missing", "folder", "empty", "no-path"],
+)
+async def test_file_command_with_a_bad_path_says_why_and_keeps_the_message(fresh_home, tmp_path, name, needle):
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
+    path = tmp_path / name if name else ""
+    typed = f"Read this:\n/file {path}".rstrip() + "\nand summarise it."
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        prompt = app.chat.query_one("#prompt")
+        prompt.insert(typed)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        notice = app.chat.query_one("#notice")
+        shown = str(notice.render())
+        assert notice.display and notice.has_class("error") and shown == needle.format(path=path)
+        assert "\n" not in shown
+        assert prompt.text == typed  # nothing typed is lost
+        assert app.record is None and not list(app.chat.query(UserBlock)) and not app.generating
+
+
 async def test_palette_lists_app_commands(fresh_home):
     app = SpecTuiApp(autoload=False)
     async with app.run_test() as pilot:
