@@ -24,9 +24,11 @@ Events    StepEvent, TreeNode, RunInfo and BONUS_SOURCE (engine/events.py, the o
           consumers); write_trace, read_trace, read_runs (JSONL traces, checked whole on reading).
 Process   EngineWorker(LoadRequest) runs load_engine and chat turns in a child process (what the app
           does); prepare_engine_process (call before a UI takes stderr); engine_threads.
-Errors    ModelSpecError, ModelLoadError (.usage: bad flags), ContextError, TraceError, WorkerError,
+Errors    ModelSpecError, ModelLoadError (.usage: bad flags), ContextError, TraceError, PromptFileError, WorkerError,
           EngineDied, AttentionBackendError; ValueError from GenerationSettings.
-Files     private_dir, write_private: folders 0700, atomic 0600 files (the engine's cache markers).
+Files     private_dir, write_private: folders 0700, atomic 0600 files (the engine's cache markers);
+          read_prompt_file: a prompts file (JSONL or one a line) as [(prompt, category)], the one
+          reader of bench, tune and tune-eval.
 
 Importing this package is cheap: the names that need torch (load_engine, load_models, LoadedModels,
 ModelLoadError, QUANTS, pick_device, SpeculativeEngine, AttentionBackendError) load on first use.
@@ -39,6 +41,7 @@ from .chat import ContextError, Conversation, chat_turn, encode_chat
 from .events import BONUS_SOURCE, RunInfo, StepEvent, TraceError, TreeNode, read_runs, read_trace, write_trace
 from .files import private_dir, write_private
 from .presets import ModelSpecError, resolve_model, resolve_ssm
+from .prompt_files import PromptFileError, read_prompt_file
 from .settings import DEFAULT_MERGE, DEFAULT_TREE, GenerationSettings, parse_tree, tree_text
 from .worker import EngineDied, EngineWorker, LoadRequest, WorkerError, engine_threads, prepare_engine_process
 
@@ -51,9 +54,9 @@ _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names
 
 __all__ = [
     "BONUS_SOURCE", "DEFAULT_MERGE", "DEFAULT_TREE", "ContextError", "Conversation", "EngineDied", "EngineWorker",
-    "GenerationSettings", "LoadRequest", "ModelSpecError", "RunInfo", "StepEvent", "TraceError", "TreeNode",
+    "GenerationSettings", "LoadRequest", "ModelSpecError", "PromptFileError", "RunInfo", "StepEvent", "TraceError", "TreeNode",
     "WorkerError", "chat_turn", "encode_chat", "engine_threads", "parse_tree", "prepare_engine_process",
-    "preset_rows", "private_dir", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "tree_text",
+    "preset_rows", "private_dir", "read_prompt_file", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "tree_text",
     "write_private", "write_trace", *_LAZY_NAMES,
 ]
 

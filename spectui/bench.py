@@ -32,7 +32,6 @@ Protocol, so that noise hits every method alike:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import replace
@@ -41,7 +40,7 @@ from pathlib import Path
 import torch
 
 from .bench_report import DEFAULT_SPEC, INCREMENTAL, PromptResult, Run, format_table, summarise  # noqa: F401
-from .engine import DEFAULT_TREE, GenerationSettings, encode_chat, tree_text
+from .engine import DEFAULT_TREE, GenerationSettings, encode_chat, read_prompt_file, tree_text
 
 MERGE_CHOICES = ("union", "vote", "both")
 FIXED_TREE = (1, 1, 1)  # the speculative-fixed row: the default tree before `auto`
@@ -91,10 +90,6 @@ def set_threads(threads: int | None) -> int:
     return count
 
 
-class PromptFileError(ValueError):
-    pass
-
-
 class Prompt(str):
     """A prompt's text (it is the str, so callers wanting text need nothing else) and its category."""
 
@@ -107,27 +102,12 @@ class Prompt(str):
 
 
 def read_prompts(path: Path, limit: int | None, per_category: int | None = None) -> list[Prompt]:
-    """JSONL with `turns` (first turn used) and optional `category`, or one prompt per line (no category).
+    """A prompts file (engine/prompt_files.py: JSONL with 'turns', 'prompt' or 'text' and an optional
+    'category', or one prompt per line) as Prompts.
 
     per_category: keep the first N prompts of each category (file order kept), then `limit` applies.
     """
-    try:
-        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptFileError(f"cannot read prompts from {path}: {exc}") from None
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        if line.startswith("{"):
-            try:
-                record = json.loads(line)
-                category = record.get("category")
-                prompts.append(Prompt(str(record["turns"][0]), None if category is None else str(category)))
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                raise PromptFileError(f"{path}, line {number}: expected a JSON object with a 'turns' list") from None
-        else:
-            prompts.append(Prompt(line))
-    if not prompts:
-        raise PromptFileError(f"{path} holds no prompts")
+    prompts = [Prompt(text, category) for text, category in read_prompt_file(path)]  # PromptFileError if bad
     if per_category:
         seen: dict[str | None, int] = {}
         kept = []

@@ -67,7 +67,7 @@ def check_writable(path: Path, flag: str) -> None:
 @contextlib.contextmanager
 def friendly_errors():
     """Map the engine's errors to one line and an exit code."""
-    from .bench import PromptFileError
+    from .engine import PromptFileError
     from .engine import AttentionBackendError, ContextError, ModelLoadError, ModelSpecError, TraceError
 
     try:

@@ -40,7 +40,8 @@ def tune_eval(
     """Teacher-forced agreement of SSMs with the verifier's greedy answers, per prompt category."""
     from dataclasses import replace
 
-    from .bench import PromptFileError, read_prompts
+    from .bench import read_prompts
+    from .engine import PromptFileError
     from .engine import load_models, resolve_model, resolve_ssm
     from .engine.tune import agreement_by_category, chat_template_for, greedy_answers
 

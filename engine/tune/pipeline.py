@@ -95,25 +95,13 @@ def check_output(out: Path, resume: bool) -> None:
 
 
 def read_prompt_file(path: Path) -> list[str]:
-    """JSONL ('prompt', 'text' or the first of 'turns') or plain text with one prompt a line."""
+    """The prompts of a prompts file (engine/prompt_files.py: JSONL or one a line); TuneConfigError if bad."""
+    from ..prompt_files import PromptFileError, read_prompt_file as read_rows
+
     try:
-        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TuneConfigError(f"cannot read prompts from {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        if line.startswith("{"):
-            try:
-                row = json.loads(line)
-                text = row.get("prompt") or row.get("text") or row["turns"][0]
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                raise TuneConfigError(f"{path}, line {number}: expected 'prompt', 'text' or a 'turns' list") from None
-            prompts.append(str(text))
-        else:
-            prompts.append(line)
-    if not prompts:
-        raise TuneConfigError(f"{path} holds no prompts")
-    return prompts
+        return [text for text, _ in read_rows(path)]
+    except PromptFileError as exc:
+        raise TuneConfigError(str(exc)) from None
 
 
 def read_kept_prompts(path: Path) -> list[str]:

@@ -19,7 +19,6 @@ from spectui.bench import (
     RERUN_BELOW,
     RERUN_TOTAL,
     Prompt,
-    PromptFileError,
     bench_methods,
     merge_policies,
     read_prompts,
@@ -27,6 +26,7 @@ from spectui.bench import (
     rotation,
 )
 from spectui.bench_report import PromptResult, Run, format_table, geomean, summarise
+from spectui.engine import PromptFileError
 
 SPECTUI = [sys.executable, "-m", "spectui.cli"]
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vicuna_bench_questions.jsonl"
@@ -139,6 +139,20 @@ def test_read_prompts_keeps_categories(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"question": "no turns"}\n')
     with pytest.raises(PromptFileError, match="line 1"):
         read_prompts(tmp_path / "bad.jsonl", None)
+
+
+def test_bench_and_tune_read_prompt_files_one_way(tmp_path):
+    from spectui.engine.tune import TuneConfigError, read_prompt_file
+
+    mixed = tmp_path / "m.jsonl"
+    mixed.write_text('{"prompt": "a"}\n{"text": "b", "category": "c"}\nplain line\n{"turns": ["d"]}\n')
+    assert [(p, p.category) for p in read_prompts(mixed, None)] == [("a", None), ("b", "c"), ("plain line", None), ("d", None)]
+    assert read_prompt_file(mixed) == ["a", "b", "plain line", "d"]
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"question": "no prompt"}\n')
+    with pytest.raises(PromptFileError, match="line 2: expected 'prompt', 'text' or a 'turns' list"):
+        read_prompts(tmp_path / "bad.jsonl", None)
+    with pytest.raises(TuneConfigError, match="line 2: expected 'prompt', 'text' or a 'turns' list"):
+        read_prompt_file(tmp_path / "bad.jsonl")
 
 
 def test_read_prompts_vicuna_categories():
