@@ -54,18 +54,11 @@ class ModelDrafter:
         ready, self.ready = self.ready, None
         if self.runner.length != self.synced:
             self.reset()
-        shared = 0
-        for a, b in zip(self.ids, committed):
-            if a != b:
-                break
-            shared += 1
-        if ready is not None and shared == len(self.ids) == len(committed):
+        if ready is not None and self.ids == committed:
             self.hits += 1
             return ready
-        shared = min(shared, len(committed) - 1)  # the root's logits need at least the root fed
-        if shared < self.synced:
-            self.runner.crop(shared)
-        root_logits = self.runner.forward_chain(committed[shared:], last_only=True)  # [1, V]
+        kept = self.runner.rewind(self.ids, committed)  # the shared prefix, all but committed's last token at most
+        root_logits = self.runner.forward_chain(committed[kept:], last_only=True)  # [1, V]
         self.ids = list(committed)
         return root_logits
 
