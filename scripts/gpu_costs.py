@@ -71,34 +71,18 @@ def verify_curve(model, tok, prefixes: list[int]) -> dict:
     return curves
 
 
-def draft_cost(shape: str, tok) -> float:
+def draft_cost(shape: str, device: str = "cuda") -> float:
     import gpu_models
 
     from spectui.engine.calibrate import measure_drafter
     from spectui.engine.drafters import ModelDrafter
     from spectui.engine.loading import drafter_dtype
 
-    model = gpu_models.random_llama(shape, drafter_dtype("cuda"), seed=2)
+    model = gpu_models.random_llama(shape, drafter_dtype(device), seed=2, device=device)
     drafter = ModelDrafter(shape, model)
     cost = min(measure_drafter(drafter, random_prefix(160)) for _ in range(REPEATS))
     del drafter, model
     return round(cost, 3)
-
-
-def copy_gbs() -> float:
-    """Device copy bandwidth in GB/s, bytes read + written, of a 2 GiB clone (median of 20)."""
-    x = torch.empty(2**30, dtype=torch.float16, device="cuda")
-    times = []
-    for _ in range(23):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        y = x.clone()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-        del y
-    del x
-    return round(2 * 2**31 / sorted(times[3:])[len(times[3:]) // 2] / 1e9, 1)
 
 
 def project(curve: dict, draft_ms: float) -> list[dict]:
@@ -126,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import gpu_models
 
+    from spectui.kernels.bench import copy_peak_gbs
     from spectui.kernels.hf_attention import register_tree_attention
 
     began = time.perf_counter()
@@ -135,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   device=torch.cuda.get_device_name(), torch=torch.__version__, grid=list(GRID), repeats=REPEATS,
                   verifier={}, weights_gb={}, draft_ms={}, projection={})
-    report["copy_gbs"] = copy_gbs()
+    report["copy_gbs"] = round(copy_peak_gbs(rep=100), 1)
     print(f"copy bandwidth {report['copy_gbs']:.0f} GB/s (read + write)", flush=True)
     base = gpu_models.random_llama("llama-7b", torch.float16, seed=0, attn=attn)
     nf4 = gpu_models.to_nf4(base, torch.bfloat16)
@@ -151,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     del nf4, base
     torch.cuda.empty_cache()
     for shape in ("llama-68m", "llama-160m"):
-        report["draft_ms"][shape] = draft_cost(shape, tok)
+        report["draft_ms"][shape] = draft_cost(shape)
         print(f"SSM {shape}: {report['draft_ms'][shape]:.2f} ms per drafting forward", flush=True)
     short = str(prefixes[0])
     for label in ("nf4", "fp16"):
