@@ -64,9 +64,7 @@ def costs_dir() -> Path:
 
 def engine_log_file() -> Path:
     """Where the app's engine process writes its output (the folder is created)."""
-    folder = cache_dir() / "logs"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / "engine.log"
+    return private_dir(cache_dir() / "logs") / "engine.log"
 
 
 def private_file(path: Path) -> None:

@@ -54,8 +54,7 @@ class AnswerBlock(Vertical):
                 self._stream = Markdown.get_stream(self.query_one(Markdown))
             fragment, self._pending = self._pending, ""
             await self._stream.write(fragment)
-        if self.colour_origins:
-            self.query_one(".answer-coloured", Static).update(self.coloured())
+        self.recolour()
 
     async def finish(self, note: str | None = None) -> None:
         await self.flush()
