@@ -55,6 +55,7 @@ class CostKey:
     device: str
     threads: int
     attention: str = "torch"  # the attention backend, which also decides the 4-bit path on CPU
+    runner: str = "CachedModel"  # how the verifier runs: transformers' forward or LeanModel (lean_model.py)
     machine: str = field(default_factory=lambda: f"{platform.machine()}-{platform.processor()}-{os.cpu_count()}cpu")
 
     def digest(self) -> str:

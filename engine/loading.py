@@ -378,7 +378,7 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
         note("measuring step costs", None)
         key = CostKey(model=f"{preset.name}:{preset.verifier}:{'+'.join(engine.speculator_names)}",
                       quant=quant, device=models.device, threads=torch.get_num_threads(),
-                      attention=models.attention_backend)
+                      attention=models.attention_backend, runner=type(engine.verifier).__name__)
         prepare_costs(engine, cost_cache, key)
         if cost_cache is not None:  # what the auto tree learned, kept per verifier, quant and speculators
             engine.remember_acceptance(acceptance_path(cost_cache, key.model, quant))

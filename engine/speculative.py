@@ -33,9 +33,9 @@ import torch
 from .acceptance_model import AcceptanceModel
 from .accept import accept_greedy, accept_stochastic, sample_token, target_probs
 from .auto_tree import AutoDrafting
-from .cached_model import CachedModel
 from .costs import CostModel
 from .events import BONUS_SOURCE, StepEvent, TreeNode
+from .lean_model import runner_for
 from .merge import apply_policy
 from .pipeline import start_prefetch
 from .settings import GenerationSettings
@@ -82,7 +82,7 @@ class RunningStats:
 
 class SpeculativeEngine:
     def __init__(self, verifier, tokenizer, drafters=(), stop_token_ids=(), attention_backend: str = "torch"):
-        self.verifier = CachedModel(verifier)
+        self.verifier = runner_for(verifier)  # LeanModel on the exact CPU path, else CachedModel
         self.tokenizer = tokenizer
         self.drafters = list(drafters)
         self.stop_token_ids = set(stop_token_ids)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from spectui.engine.cached_model import CachedModel
 from spectui.engine.drafters import ModelDrafter, NGramDrafter
+from spectui.engine.lean_model import LeanModel
 from spectui.engine.loading import load_causal_lm
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.speculative import SpeculativeEngine
@@ -33,10 +34,11 @@ def trees(draw):
     return tree
 
 
+@pytest.mark.parametrize("runner_class", [CachedModel, LeanModel])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tree=trees(), prefix=st.lists(st.integers(0, 40000), min_size=1, max_size=12))
-def test_tree_forward_equals_chain_forwards(tiny, tree, prefix):
-    runner = CachedModel(tiny)
+def test_tree_forward_equals_chain_forwards(tiny, tree, prefix, runner_class):
+    runner = runner_class(tiny)
     runner.forward_chain(prefix)
     tree_logits = runner.forward_tree(tree)  # [N, V]
     assert runner.length == len(prefix) + len(tree)
@@ -48,12 +50,14 @@ def test_tree_forward_equals_chain_forwards(tiny, tree, prefix):
 
 
 def assert_cache_matches(engine, tiny, tokens):
-    plain = CachedModel(tiny)
-    plain.forward_chain(tokens)
+    """The engine's verifier cache holds `tokens`' key/values: a chain fed after it gets the logits
+    of a plain forward over tokens + chain in every position (each reads every layer's cache)."""
     assert engine.verifier.length == len(tokens)
-    for ours, ref in zip(engine.verifier.cache.layers, plain.cache.layers):
-        torch.testing.assert_close(ours.keys, ref.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(ours.values, ref.values, rtol=1e-4, atol=1e-5)
+    probe = [11, 12, 13]
+    ours = engine.verifier.forward_chain(probe)  # [3, V]
+    engine.verifier.crop(len(tokens))
+    expected = CachedModel(tiny).forward_chain(tokens + probe)[-len(probe):]
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_cache_after_steps_equals_plain_forward(tiny, tiny_dirs):

@@ -1,0 +1,224 @@
+"""LeanModel: a LLaMA-family verifier run layer by layer, with its KV cache, on the exact CPU path.
+
+A drop-in for CachedModel (same methods: forward_chain, forward_tree, keep, crop, rewind, reset,
+length) that does a decode step's work and nothing else. transformers' forward spends more time
+around the model than in it on this CPU: per layer, module calls, mask and cache bookkeeping, and
+seven Linear4bit wrappers (casts, dispatch, allocation) around 3-8 us kernels. Here:
+
+  * the 4-bit projections that share an input are one direct kernel call (kernels/packed_4bit.py):
+    q|k|v, gate|up, then o and down: 4 calls a layer instead of 7 module calls;
+  * the KV cache is one float64 buffer for all layers, [L, 2, Hkv, capacity, D], which is what
+    the exact attention computes in anyway (kernels/exact_attention.py converts fp32 keys and
+    values to float64 on every call; converting fp32 to float64 is exact, so storing them
+    converted gives the same bits without the O(prefix) conversion per layer and step);
+    compaction of the accepted path is one index_select over all layers;
+  * rotary cos/sin are computed once a forward by the model's own rotary module.
+
+The arithmetic is transformers' op for op (LlamaDecoderLayer, LlamaRMSNorm, apply_rotary_pos_emb,
+LlamaMLP, the exact attention, the model's own lm_head), so logits are the same bits as
+CachedModel's (tests/engine/test_lean_model.py compares them on the embedded model and on tiny
+random ones, prefill, one-token steps and tree passes), and greedy decoding stays identical to
+transformers' generate. Per layer, for T new tokens at positions p_t:
+
+    x      = rms(h) * w_in                       rms(h) = h / sqrt(mean(h^2) + eps)       [T, H]
+    q|k|v  = x W_qkv^T                           -> [Hq, T, D], [Hkv, T, D], [Hkv, T, D]
+    q, k   = q cos(p) + rot(q) sin(p), same for k                rot(a|b) = (-b | a)
+    h      = h + attention(q, K, V, mask) W_o^T  K, V: the cache, then these T rows
+    x      = rms(h) * w_post
+    h      = h + (silu(x W_gate^T) * x W_up^T) W_down^T
+
+`supports(model)` says when it applies: a LlamaForCausalLM on CPU with no biases, SiLU and full
+attention in every layer, and either the exact attention (the verifier: everything above holds)
+or SDPA (an SSM: the cache in the model's dtype, SDPA with the tree mask, and dense projections
+that share an input stacked into one matmul; an SSM's drafts need to be cheap, not bit-exact).
+Anything else keeps CachedModel (`runner_for`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.exact_attention import exact_attention
+from ..kernels.hf_attention import EXACT_NAME
+from ..kernels.packed_4bit import pack_group
+from .cached_model import CachedModel
+from .tree import TokenTree
+
+MIN_CAPACITY = 256
+ENV_VAR = "SPECTUI_RUNNER"  # "transformers" keeps transformers' forward (for comparison); default auto
+
+
+def supports(model) -> bool:
+    """True if LeanModel runs this model: a LLaMA on CPU with the exact attention (the verifier,
+    reproduced bit for bit) or SDPA (an SSM drafting), no biases, SiLU, full attention everywhere."""
+    config = model.config
+    return (
+        type(model).__name__ == "LlamaForCausalLM"
+        and next(model.parameters()).device.type == "cpu"
+        and getattr(config, "_attn_implementation", None) in (EXACT_NAME, "sdpa")
+        and not getattr(config, "attention_bias", False)
+        and not getattr(config, "mlp_bias", False)
+        and getattr(config, "hidden_act", None) == "silu"
+        and not getattr(config, "sliding_window", None)
+        and not getattr(config, "pretraining_tp", 1) > 1
+    )
+
+
+def runner_for(model):
+    """LeanModel where it applies (and SPECTUI_RUNNER is not "transformers"), else CachedModel."""
+    if os.environ.get(ENV_VAR, "auto").strip().lower() != "transformers" and supports(model):
+        return LeanModel(model)
+    return CachedModel(model)
+
+
+class Projection:
+    """x [T, H] -> cat(module_1(x), ..., module_k(x)) [T, N]: one fused 4-bit call where bitsandbytes'
+    CPU kernel runs these modules; one matmul over their stacked weights for plain bias-free Linears
+    when `stack_dense` (an SSM: not the same rounding as separate products, which only an exact
+    verifier needs); else the modules themselves."""
+
+    def __init__(self, modules, stack_dense: bool = False) -> None:
+        self.modules = list(modules)
+        self.packed = pack_group(self.modules)
+        self.stacked = None
+        if self.packed is None and stack_dense and all(type(m) is torch.nn.Linear and m.bias is None for m in modules):
+            self.stacked = torch.cat([m.weight for m in self.modules]).detach()  # [N, H]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(x)
+        if self.stacked is not None:
+            return F.linear(x, self.stacked)
+        outs = [m(x) for m in self.modules]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+class Layer:
+    def __init__(self, layer, stack_dense: bool) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm_in = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        self.norm_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], stack_dense)
+        self.o = Projection([attn.o_proj])
+        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], stack_dense)
+        self.down = Projection([mlp.down_proj])
+        self.scaling = attn.scaling
+
+
+def rms_norm(h: torch.Tensor, norm) -> torch.Tensor:
+    """LlamaRMSNorm: fp32 statistics, weight * normalised h."""
+    weight, eps = norm
+    dtype = h.dtype
+    h = h.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary_pos_emb for one tensor: x [H, T, D], cos/sin [T, D]."""
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+class LeanModel:
+    def __init__(self, model) -> None:
+        config = model.config
+        self.model = model
+        self.device = torch.device("cpu")
+        self.embed = model.model.embed_tokens
+        self.rotary = model.model.rotary_emb
+        self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
+        self.head = model.lm_head
+        self.exact = config._attn_implementation == EXACT_NAME  # else SDPA, in the model's dtype
+        self.layers = [Layer(layer, stack_dense=not self.exact) for layer in model.model.layers]
+        self.cache_dtype = torch.float64 if self.exact else model.model.embed_tokens.weight.dtype
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.kv = None  # [L, 2, Hkv, capacity, D] float64, allocated at first use
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self.kv, self._length = None, 0
+
+    def _reserve(self, needed: int) -> None:
+        capacity = 0 if self.kv is None else self.kv.shape[3]
+        if needed <= capacity:
+            return
+        capacity = max(MIN_CAPACITY, 2 * capacity, needed)
+        kv = torch.empty(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=self.cache_dtype)
+        if self._length:
+            kv[:, :, :, : self._length] = self.kv[:, :, :, : self._length]
+        self.kv = kv
+
+    @torch.inference_mode()
+    def forward_chain(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:
+        """Append a causal chain of tokens to the cache; logits [T, V] in fp32 ([1, V] if last_only)."""
+        positions = torch.arange(self._length, self._length + len(tokens))  # [T]
+        return self._forward(tokens, positions, None, last_only)
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: TokenTree, nodes: list[int] | None = None) -> torch.Tensor:
+        """Append tree nodes (default all, in order) to the cache in one pass; logits [len(nodes), V].
+        As CachedModel.forward_tree: with `nodes` a suffix, the earlier nodes are in the cache already."""
+        nodes = list(range(len(tree))) if nodes is None else nodes
+        prefix_len = self._length - nodes[0]
+        positions = tree.position_ids(prefix_len, self.device)[nodes]  # [T]
+        full = tree.attention_mask(prefix_len, self.device)  # [1, 1, N, prefix + N]
+        mask = full[:, :, nodes, : prefix_len + nodes[-1] + 1]  # [1, 1, T, prefix + first + T]
+        return self._forward([tree.tokens[i] for i in nodes], positions, mask, False)
+
+    def _forward(self, tokens: list[int], positions: torch.Tensor, mask, last_only: bool) -> torch.Tensor:
+        T, start = len(tokens), self._length
+        self._reserve(start + T)
+        S = start + T
+        h = self.embed(torch.tensor(tokens, dtype=torch.long))  # [T, H]
+        cos, sin = self.rotary(h, positions)  # [T, D] each
+        Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        for index, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.norm_in)
+            q, k, v = layer.qkv(x).split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [T, Hq*D], [T, Hkv*D] x 2
+            q = rotate(q.view(T, Hq, D).transpose(0, 1), cos, sin)  # [Hq, T, D]
+            k = rotate(k.view(T, Hkv, D).transpose(0, 1), cos, sin)  # [Hkv, T, D]
+            cache = self.kv[index]  # [2, Hkv, capacity, D]
+            cache[0, :, start:S] = k
+            cache[1, :, start:S] = v.view(T, Hkv, D).transpose(0, 1)
+            out = self.attend(q[None], cache[None, 0, :, :S], cache[None, 1, :, :S], mask, layer.scaling)  # [1, Hq, T, D]
+            h = h + layer.o(out[0].transpose(0, 1).reshape(T, Hq * D))  # [T, H]
+            x = rms_norm(h, layer.norm_post)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [T, I] each
+            h = h + layer.down(F.silu(gate) * up)
+        self._length = S
+        h = rms_norm(h[-1:] if last_only else h, self.norm)
+        return self.head(h).float()  # [T or 1, V]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
+        """q [1, Hq, T, D] over keys/values [1, Hkv, S, D]; mask bool [1, 1, T, S] or None (causal)."""
+        if self.exact:
+            return exact_attention(q, k, v, mask, scale)
+        T, S = q.shape[2], k.shape[2]
+        if mask is None and T > 1:  # causal, the T queries being the last T positions
+            mask = torch.ones(T, S, dtype=torch.bool).tril_(S - T)[None, None]  # [1, 1, T, S]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+    @torch.inference_mode()
+    def keep(self, positions: list[int]) -> None:
+        """Keep only these sequence positions of the cache, in this order (positions[j] >= j)."""
+        first = next((j for j, p in enumerate(positions) if p != j), len(positions))
+        if first < len(positions):
+            source = torch.tensor(positions[first:], dtype=torch.long)
+            self.kv[:, :, :, first : len(positions)] = self.kv.index_select(3, source)
+        self._length = len(positions)
+
+    def crop(self, length: int) -> None:
+        """Drop everything after the first `length` positions."""
+        self._length = min(self._length, max(length, 0))
+
+    rewind = CachedModel.rewind
