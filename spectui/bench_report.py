@@ -18,14 +18,15 @@ The JSON report (run_bench in bench.py):
     merge (policies run), hf_assistant (SSM name or null), order ("rotated"), rerun_below,
     rerun_total, cost_model and calibration (the engine's, or null);
     methods: {id: {tokens_per_s, new_tokens; ours: mean_accepted (tokens per verifier step,
-        prefill included), ttft_ms (mean); speculative rows: mean_drafted (tree nodes per
+        prefill included), ttft_ms (mean), decode_tokens_per_s (tokens after the first over the
+        time after it), prefill_tokens_per_s (prompt tokens over time to first token); speculative rows: mean_drafted (tree nodes per
         speculation step), identical_outputs, identical_to_hf_generate, compared_outputs,
         slower_prompts (indices under rerun_below x incremental), and per base B in
         incremental, hf_generate, hf_prompt_lookup, hf_assisted (those that ran):
         geomean_speedup_vs_B, min_speedup_vs_B {speedup, index, category},
         geomean_speedup_vs_B_by_category {category: geomean}}};
     per_prompt: [{index, category, prompt_tokens, reruns, methods: {id: {tokens_per_s,
-        new_tokens; ours: ttft_ms; speculative rows: speedup_vs_incremental, mean_accepted,
+        new_tokens; ours: ttft_ms, decode_tokens_per_s; speculative rows: speedup_vs_incremental, mean_accepted,
         identical}}}].
 """
 
@@ -56,6 +57,11 @@ class Run:
     @property
     def tokens_per_s(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_s(self) -> float | None:
+        """Wall time after the first token (the prefill's): the decoding alone; ours only."""
+        return self.seconds - self.ttft_s if self.ttft_s is not None else None
 
 
 @dataclass
@@ -90,6 +96,8 @@ class PromptResult:
             cell = {"tokens_per_s": statistics.median(r.tokens_per_s for r in runs), "new_tokens": len(runs[0].tokens)}
             if runs[0].ttft_s is not None:
                 cell["ttft_ms"] = 1000 * runs[0].ttft_s
+                if len(runs[0].tokens) > 1 and runs[0].decode_s > 0:
+                    cell["decode_tokens_per_s"] = (len(runs[0].tokens) - 1) / runs[0].decode_s
             if name in SPEC_METHODS:
                 cell["speedup_vs_incremental"] = self.speedup(name, INCREMENTAL)
                 cell["mean_accepted"] = len(runs[0].tokens) / runs[0].steps if runs[0].steps else 0.0
@@ -143,6 +151,11 @@ def method_summary(results: list[PromptResult], name: str, slower_below: float) 
         out["mean_accepted"] = tokens / steps if steps else 0.0  # tokens per verifier step, prefill included
         ttfts = [r.ttft_s for r in first if r.ttft_s is not None]
         out["ttft_ms"] = 1000 * statistics.fmean(ttfts) if ttfts else None
+        timed = [(result, run) for result, run in zip(results, first) if run.ttft_s]
+        after_first = sum(run.decode_s for _, run in timed)
+        out["decode_tokens_per_s"] = sum(len(run.tokens) - 1 for _, run in timed) / after_first if after_first > 0 else None
+        prefill = sum(run.ttft_s for _, run in timed)
+        out["prefill_tokens_per_s"] = sum(result.prompt_tokens for result, _ in timed) / prefill if prefill else None
     if name in SPEC_METHODS:
         spec_steps = sum(r.steps - 1 for r in first)  # the prefill drafts nothing
         out["mean_drafted"] = sum(r.drafted for r in first) / spec_steps if spec_steps else 0.0
@@ -175,7 +188,7 @@ def _x(value) -> str:
 def format_table(report: dict) -> str:
     """The report as a table for people: one line per method, then the ratios per speculative row."""
     head = (
-        f"{'method':<22}{'tokens/s':>9}{'tokens/step':>12}{'nodes/step':>11}{'TTFT ms':>9}"
+        f"{'method':<22}{'tokens/s':>9}{'decode':>8}{'tokens/step':>12}{'nodes/step':>11}{'TTFT ms':>9}"
         f"{'vs incr':>9}{'worst (prompt)':>16}{'identical':>11}"
     )
     rows = [head]
@@ -183,17 +196,19 @@ def format_table(report: dict) -> str:
         steps = f"{m['mean_accepted']:.2f}" if "mean_accepted" in m else "-"
         nodes = f"{m['mean_drafted']:.2f}" if "mean_drafted" in m else "-"
         ttft = f"{m['ttft_ms']:.0f}" if m.get("ttft_ms") is not None else "-"
+        decode = f"{m['decode_tokens_per_s']:.1f}" if m.get("decode_tokens_per_s") is not None else "-"
         geo, worst, same = "-", "-", "-"
         if "geomean_speedup_vs_incremental" in m:
             low = m["min_speedup_vs_incremental"]
             geo, worst = _x(m["geomean_speedup_vs_incremental"]), f"{_x(low['speedup'])} (#{low['index']})"
             same = f"{m['identical_outputs']}/{m['compared_outputs']}"
-        rows.append(f"{name:<22}{m['tokens_per_s']:>9.2f}{steps:>12}{nodes:>11}{ttft:>9}{geo:>9}{worst:>16}{same:>11}")
+        rows.append(f"{name:<22}{m['tokens_per_s']:>9.2f}{decode:>8}{steps:>12}{nodes:>11}{ttft:>9}{geo:>9}{worst:>16}{same:>11}")
     rows += [
         "",
         f"model {report['model']} ({report['quant']}, {report['device']}, attention {report['attention_backend']}), "
         f"{report['threads']} torch threads, {report['prompts']} prompts, {report['max_new_tokens']} max new tokens, "
-        f"greedy; tree {report['tree']}; order rotated per prompt",
+        f"greedy; tree {report['tree']}; order rotated per prompt; tokens/s include the prefill, decode (tokens/s) "
+        "counts the tokens after the first over the time after it",
         f"speculators: {', '.join(report['speculators'] or []) or 'none'}",
     ]
     for name, m in report["methods"].items():

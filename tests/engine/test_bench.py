@@ -117,9 +117,14 @@ def test_summary_geomean_min_and_categories():
     assert spec["identical_outputs"] == 2 and spec["compared_outputs"] == 3  # prompt 2's tokens differ
     assert spec["mean_accepted"] == pytest.approx(2.0) and spec["ttft_ms"] == pytest.approx(10.0)
     assert summary["methods"]["incremental"]["mean_accepted"] == pytest.approx(1.0)
+    incr = summary["methods"]["incremental"]  # three runs of 4 tokens in 0.4 s, the first after 0.01 s
+    assert incr["decode_tokens_per_s"] == pytest.approx(9 / (3 * 0.39))
+    assert incr["prefill_tokens_per_s"] == pytest.approx((20 + 21 + 22) / 0.03)
+    assert "decode_tokens_per_s" not in summary["methods"]["hf-generate"]  # transformers' methods: no first-token time
     rows = summary["per_prompt"]
     assert [r["category"] for r in rows] == ["a", "b", None] and rows[2]["prompt_tokens"] == 22
     assert rows[0]["methods"]["speculative"]["speedup_vs_incremental"] == pytest.approx(2.0)
+    assert rows[0]["methods"]["speculative"]["decode_tokens_per_s"] == pytest.approx(3 / (4 / 20.0 - 0.01))
     assert rows[2]["methods"]["speculative"]["identical"] is False
     assert "speedup_vs_incremental" not in rows[0]["methods"]["hf-generate"]
 
