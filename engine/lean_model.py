@@ -184,13 +184,12 @@ class LeanModel:
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
             x = rms_norm(h, layer.norm_in)
-            q, k, v = layer.qkv(x).split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [T, Hq*D], [T, Hkv*D] x 2
-            q = rotate(q.view(T, Hq, D).transpose(0, 1), cos, sin)  # [Hq, T, D]
-            k = rotate(k.view(T, Hkv, D).transpose(0, 1), cos, sin)  # [Hkv, T, D]
+            qk, v = layer.qkv(x).split([(Hq + Hkv) * D, Hkv * D], dim=-1)  # [T, (Hq+Hkv)*D], [T, Hkv*D]
+            qk = rotate(qk.view(T, Hq + Hkv, D).transpose(0, 1), cos, sin)  # [Hq+Hkv, T, D]: q and k at once
             cache = self.kv[index]  # [2, Hkv, capacity, D]
-            cache[0, :, start:S] = k
+            cache[0, :, start:S] = qk[Hq:]
             cache[1, :, start:S] = v.view(T, Hkv, D).transpose(0, 1)
-            out = self.attend(q[None], cache[None, 0, :, :S], cache[None, 1, :, :S], mask, layer.scaling)  # [1, Hq, T, D]
+            out = self.attend(qk[None, :Hq], cache[None, 0, :, :S], cache[None, 1, :, :S], mask, layer.scaling)  # [1, Hq, T, D]
             h = h + layer.o(out[0].transpose(0, 1).reshape(T, Hq * D))  # [T, H]
             x = rms_norm(h, layer.norm_post)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [T, I] each
