@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 # Usage: .venv/bin/python scripts/profile_step.py [--prefix 200 1000] [--tree 1 8 64] [--repeats 7]
-#        (SPECTUI_ATTENTION=torch profiles the fp32 path the engine used before the exact one)
+#        (SPECTUI_RUNNER=transformers profiles transformers' forward, the path before LeanModel;
+#        SPECTUI_ATTENTION=torch the fp32 path the engine used before the exact attention)
 """Where a verifier pass spends its time: one verify step (tree forward + greedy acceptance + cache
 compaction) of T chain nodes after a prefix, split by module with forward hooks:
 
   4-bit linears   every bitsandbytes Linear4bit (q/k/v/o, gate/up/down): weight handling + matmul
+                  (LeanModel: its fused direct kernel calls, engine/lean_model.py Projection)
   output layer    lm_head (fp32, vocabulary x hidden)
   attention       the attention function (scores, softmax, weighted sum), rotary excluded
   rest of model   the forward minus the above: embedding, norms, rotary, activations, residuals,
@@ -39,6 +41,7 @@ def main() -> None:
     from spectui import paths
     from spectui.engine import load_models, resolve_model
     from spectui.engine.accept import accept_greedy  # the step's parts, profiled one by one
+    from spectui.engine.lean_model import LeanModel, Projection
     from spectui.engine.loading import build_engine
     from spectui.engine.tree import TokenTree
 
@@ -62,27 +65,27 @@ def main() -> None:
             pre, post = timed(name)
             module.register_forward_pre_hook(pre)
             module.register_forward_hook(post)
-    impl = model.config._attn_implementation
-    inner = ALL_ATTENTION_FUNCTIONS[impl]
-
-    def attention(*a, **kw):
-        t0 = time.perf_counter()
-        out = inner(*a, **kw)
-        spent["attention"] += time.perf_counter() - t0
-        return out
-    ALL_ATTENTION_FUNCTIONS[impl] = attention  # the layers look the function up at every call
-    forward = model.forward
-
-    def whole(*a, **kw):
-        t0 = time.perf_counter()
-        out = forward(*a, **kw)
-        spent["forward"] += time.perf_counter() - t0
-        return out
-    model.forward = whole
+    def clocked(name, fn):
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            spent[name] += time.perf_counter() - t0
+            return out
+        return call
 
     verifier = engine.verifier
+    if isinstance(verifier, LeanModel):
+        linear = Projection.__call__
+        Projection.__call__ = lambda self, x: clocked("4-bit linears", linear)(self, x)
+        verifier.attend = clocked("attention", verifier.attend)
+        verifier._forward = clocked("forward", verifier._forward)
+    else:
+        impl = model.config._attn_implementation
+        ALL_ATTENTION_FUNCTIONS[impl] = clocked("attention", ALL_ATTENTION_FUNCTIONS[impl])  # looked up every call
+        model.forward = clocked("forward", model.forward)
     g = torch.Generator().manual_seed(0)
-    print(f"attention {models.attention_backend}, {args.threads} threads, median of {args.repeats} steps, ms\n")
+    print(f"{type(verifier).__name__}, attention {models.attention_backend}, {args.threads} threads, "
+          f"median of {args.repeats} steps, ms\n")
     print("| prefix | T | step | 4-bit linears | output layer | attention | rest of model | engine |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for prefix_len in args.prefix:
