@@ -7,12 +7,15 @@ seven Linear4bit wrappers (casts, dispatch, allocation) around 3-8 us kernels. H
 
   * the 4-bit projections that share an input are one direct kernel call (kernels/packed_4bit.py):
     q|k|v, gate|up, then o and down: 4 calls a layer instead of 7 module calls;
-  * the KV cache is one float64 buffer for all layers, [L, 2, Hkv, capacity, D], which is what
+  * the KV cache is one float64 buffer for all layers, [L, 2, B, Hkv, capacity, D], which is what
     the exact attention computes in anyway (kernels/exact_attention.py converts fp32 keys and
     values to float64 on every call; converting fp32 to float64 is exact, so storing them
     converted gives the same bits without the O(prefix) conversion per layer and step);
     compaction of the accepted path is one index_select over all layers;
   * rotary cos/sin are computed once a forward by the model's own rotary module.
+
+The engine feeds one sequence (B = 1); `run` also takes B left-padded sequences at once, which
+engine/batch_generate.py uses to answer many prompts together (spectui tune's data).
 
 The arithmetic is transformers' op for op (LlamaDecoderLayer, LlamaRMSNorm, apply_rotary_pos_emb,
 LlamaMLP, the exact attention, the model's own lm_head), so logits are the same bits as
@@ -118,7 +121,7 @@ def rms_norm(h: torch.Tensor, norm) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rotary_pos_emb for one tensor: x [H, T, D], cos/sin [T, D]."""
+    """apply_rotary_pos_emb for one tensor: x [B, H, T, D], cos/sin [B, 1, T, D]."""
     half = x.shape[-1] // 2
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
@@ -138,7 +141,7 @@ class LeanModel:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.kv = None  # [L, 2, Hkv, capacity, D] float64, allocated at first use
+        self.kv = None  # [L, 2, B, Hkv, capacity, D] float64, allocated at first use
         self._length = 0
 
     @property
@@ -148,21 +151,23 @@ class LeanModel:
     def reset(self) -> None:
         self.kv, self._length = None, 0
 
-    def _reserve(self, needed: int) -> None:
-        capacity = 0 if self.kv is None else self.kv.shape[3]
+    def _reserve(self, batch: int, needed: int) -> None:
+        capacity = 0 if self.kv is None else self.kv.shape[4]
+        if self.kv is not None and self.kv.shape[2] != batch:
+            raise ValueError(f"the cache holds {self.kv.shape[2]} sequences, not {batch}: reset it first")
         if needed <= capacity:
             return
         capacity = max(MIN_CAPACITY, 2 * capacity, needed)
-        kv = torch.empty(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=self.cache_dtype)
+        kv = torch.empty(len(self.layers), 2, batch, self.kv_heads, capacity, self.head_dim, dtype=self.cache_dtype)
         if self._length:
-            kv[:, :, :, : self._length] = self.kv[:, :, :, : self._length]
+            kv[..., : self._length, :] = self.kv[..., : self._length, :]
         self.kv = kv
 
     @torch.inference_mode()
     def forward_chain(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:
         """Append a causal chain of tokens to the cache; logits [T, V] in fp32 ([1, V] if last_only)."""
-        positions = torch.arange(self._length, self._length + len(tokens))  # [T]
-        return self._forward(tokens, positions, None, last_only)
+        positions = torch.arange(self._length, self._length + len(tokens))[None]  # [1, T]
+        return self.run(torch.tensor([tokens]), positions, None, last_only)[0]
 
     @torch.inference_mode()
     def forward_tree(self, tree: TokenTree, nodes: list[int] | None = None) -> torch.Tensor:
@@ -170,36 +175,40 @@ class LeanModel:
         As CachedModel.forward_tree: with `nodes` a suffix, the earlier nodes are in the cache already."""
         nodes = list(range(len(tree))) if nodes is None else nodes
         prefix_len = self._length - nodes[0]
-        positions = tree.position_ids(prefix_len, self.device)[nodes]  # [T]
+        positions = tree.position_ids(prefix_len, self.device)[nodes][None]  # [1, T]
         full = tree.attention_mask(prefix_len, self.device)  # [1, 1, N, prefix + N]
         mask = full[:, :, nodes, : prefix_len + nodes[-1] + 1]  # [1, 1, T, prefix + first + T]
-        return self._forward([tree.tokens[i] for i in nodes], positions, mask, False)
+        return self.run(torch.tensor([[tree.tokens[i] for i in nodes]]), positions, mask, False)[0]
 
-    def _forward(self, tokens: list[int], positions: torch.Tensor, mask, last_only: bool) -> torch.Tensor:
-        T, start = len(tokens), self._length
-        self._reserve(start + T)
+    @torch.inference_mode()
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, mask, last_only: bool = False) -> torch.Tensor:
+        """Append T tokens to each of B sequences: ids and positions [B, T]; mask bool [B|1, 1, T, S]
+        (True = attend; S = cached + T) or None (causal). Logits [B, T, V] fp32 ([B, 1, V] if last_only)."""
+        (B, T), start = ids.shape, self._length
+        self._reserve(B, start + T)
         S = start + T
-        h = self.embed(torch.tensor(tokens, dtype=torch.long))  # [T, H]
-        cos, sin = self.rotary(h, positions)  # [T, D] each
+        h = self.embed(ids)  # [B, T, H]
+        cos, sin = self.rotary(h, positions)  # [B, T, D] each
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: every head
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
         for index, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.norm_in)
-            qk, v = layer.qkv(x).split([(Hq + Hkv) * D, Hkv * D], dim=-1)  # [T, (Hq+Hkv)*D], [T, Hkv*D]
-            qk = rotate(qk.view(T, Hq + Hkv, D).transpose(0, 1), cos, sin)  # [Hq+Hkv, T, D]: q and k at once
-            cache = self.kv[index]  # [2, Hkv, capacity, D]
-            cache[0, :, start:S] = qk[Hq:]
-            cache[1, :, start:S] = v.view(T, Hkv, D).transpose(0, 1)
-            out = self.attend(qk[None, :Hq], cache[None, 0, :, :S], cache[None, 1, :, :S], mask, layer.scaling)  # [1, Hq, T, D]
-            h = h + layer.o(out[0].transpose(0, 1).reshape(T, Hq * D))  # [T, H]
-            x = rms_norm(h, layer.norm_post)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [T, I] each
-            h = h + layer.down(F.silu(gate) * up)
+            x = rms_norm(h, layer.norm_in).view(B * T, -1)
+            qk, v = layer.qkv(x).split([(Hq + Hkv) * D, Hkv * D], dim=-1)  # [BT, (Hq+Hkv)*D], [BT, Hkv*D]
+            qk = rotate(qk.view(B, T, Hq + Hkv, D).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, T, D]: q and k at once
+            cache = self.kv[index]  # [2, B, Hkv, capacity, D]
+            cache[0, :, :, start:S] = qk[:, Hq:]
+            cache[1, :, :, start:S] = v.view(B, T, Hkv, D).transpose(1, 2)
+            out = self.attend(qk[:, :Hq], cache[0, :, :, :S], cache[1, :, :, :S], mask, layer.scaling)  # [B, Hq, T, D]
+            h = h + layer.o(out.transpose(1, 2).reshape(B * T, Hq * D)).view(B, T, -1)  # [B, T, H]
+            x = rms_norm(h, layer.norm_post).view(B * T, -1)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [BT, I] each
+            h = h + layer.down(F.silu(gate) * up).view(B, T, -1)
         self._length = S
-        h = rms_norm(h[-1:] if last_only else h, self.norm)
-        return self.head(h).float()  # [T or 1, V]
+        h = rms_norm(h[:, -1:] if last_only else h, self.norm)  # [B, T or 1, H]
+        return self.head(h.reshape(-1, h.shape[-1])).float().view(B, h.shape[1], -1)  # [B, T or 1, V]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
-        """q [1, Hq, T, D] over keys/values [1, Hkv, S, D]; mask bool [1, 1, T, S] or None (causal)."""
+        """q [B, Hq, T, D] over keys/values [B, Hkv, S, D]; mask bool [B|1, 1, T, S] or None (causal)."""
         if self.exact:
             return exact_attention(q, k, v, mask, scale)
         T, S = q.shape[2], k.shape[2]
@@ -213,7 +222,7 @@ class LeanModel:
         first = next((j for j, p in enumerate(positions) if p != j), len(positions))
         if first < len(positions):
             source = torch.tensor(positions[first:], dtype=torch.long)
-            self.kv[:, :, :, first : len(positions)] = self.kv.index_select(3, source)
+            self.kv[..., first : len(positions), :] = self.kv.index_select(4, source)
         self._length = len(positions)
 
     def crop(self, length: int) -> None:

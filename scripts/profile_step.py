@@ -78,7 +78,7 @@ def main() -> None:
         linear = Projection.__call__
         Projection.__call__ = lambda self, x: clocked("4-bit linears", linear)(self, x)
         verifier.attend = clocked("attention", verifier.attend)
-        verifier._forward = clocked("forward", verifier._forward)
+        verifier.run = clocked("forward", verifier.run)
     else:
         impl = model.config._attn_implementation
         ALL_ATTENTION_FUNCTIONS[impl] = clocked("attention", ALL_ATTENTION_FUNCTIONS[impl])  # looked up every call

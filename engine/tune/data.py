@@ -2,7 +2,8 @@
 
 Every prompt is rendered exactly as `engine.chat.chat_turn` renders it (Conversation.prompt_ids with
 the model's chat template), so an SSM learns the context it will see at inference. Answers come
-from batched `generate` with left padding; batches alternate between greedy decoding and sampling
+from batched decoding with left padding (LeanModel where it runs the verifier, engine/batch_generate.py;
+else transformers' `generate`, which gives the same greedy answers more slowly); batches alternate between greedy decoding and sampling
 (`greedy_fraction`), so the SSMs see both the verifier's argmax paths and the wider spread of its
 sampled continuations. Either way every answer token is a draw from the verifier (a point mass for
 greedy), which makes it the target of a hard-label distillation: in expectation the cross-entropy
@@ -28,7 +29,9 @@ from typing import Callable
 
 import torch
 
+from ..batch_generate import generate_batch
 from ..chat import ContextError, Conversation
+from ..lean_model import LeanModel, supports
 from .magpie import normalise
 
 
@@ -95,8 +98,15 @@ def prompt_ids(tokenizer, prompt: str, context_window: int, max_answer_tokens: i
 
 
 @torch.no_grad()
-def answer_batch(verifier, prompts: list[list[int]], mode: str, cfg, stop_ids: list[int]) -> list[tuple[list[int], bool]]:
-    """Left-padded batched generate -> per prompt (answer ids up to and including the stop token, finished)."""
+def answer_batch(verifier, prompts: list[list[int]], mode: str, cfg, stop_ids: list[int],
+                 runner=None) -> list[tuple[list[int], bool]]:
+    """Left-padded batched generate -> per prompt (answer ids up to and including the stop token, finished).
+
+    runner: a LeanModel of the verifier (engine/batch_generate.py, about twice as fast as
+    transformers' generate here, greedy answers identical); None: transformers' generate."""
+    if runner is not None:
+        return generate_batch(runner, prompts, cfg.max_answer_tokens, stop_ids, greedy=mode == "greedy",
+                              temperature=cfg.sample_temperature, top_p=cfg.sample_top_p)
     pad = stop_ids[0]
     width = max(map(len, prompts))
     x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, W], left padded
@@ -136,6 +146,7 @@ def collect_answers(
     done, fresh, seconds = 0, 0, 0.0
     index, empty = 0, 0  # empty: batches in a row that gave no answer token (every prompt too long)
     stop_ids = models.stop_token_ids()
+    runner = LeanModel(models.verifier) if supports(models.verifier) else None  # batched decoding without transformers' machinery
     while done < cfg.tokens:
         path = shard_path(out, index)
         if path.exists():
@@ -155,7 +166,7 @@ def collect_answers(
                     log(f"data: prompt skipped, it does not fit the context window: {text[:60]!r}")
             torch.manual_seed(cfg.seed * 1_000_003 + index)  # sampled batches are reproducible
             began = time.perf_counter()
-            answers = answer_batch(models.verifier, [ids for _, ids in rendered], mode, cfg, stop_ids) if rendered else []
+            answers = answer_batch(models.verifier, [ids for _, ids in rendered], mode, cfg, stop_ids, runner) if rendered else []
             seconds += time.perf_counter() - began
             shard = [Example(t, ids, a, mode, fin) for (t, ids), (a, fin) in zip(rendered, answers)]
             fresh += sum(len(a) for a, _ in answers)

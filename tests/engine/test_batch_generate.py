@@ -1,0 +1,63 @@
+"""Batched decoding with LeanModel (engine/batch_generate.py): the answers transformers' generate gives.
+
+spectui tune answers thousands of prompts with the verifier; the batched LeanModel path must give,
+greedy, exactly the answers of transformers' left-padded batched generate, and each prompt's answer
+must not depend on the others in its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectui.engine.batch_generate import generate_batch
+from spectui.engine.lean_model import LeanModel
+from spectui.engine.loading import load_causal_lm
+from spectui.engine.tune.data import answer_batch
+from spectui.kernels.hf_attention import register_tree_attention
+
+
+class Settings:
+    max_answer_tokens = 12
+    sample_temperature = 0.8
+    sample_top_p = 0.95
+
+
+def prompts() -> list[list[int]]:
+    torch.manual_seed(3)
+    return [torch.randint(300, 3000, (n,)).tolist() for n in (5, 17, 9, 30)]  # different lengths: left padding
+
+
+def tiny_verifier(tiny_dirs):
+    return load_causal_lm(tiny_dirs["verifier"], "cpu", "nf4", register_tree_attention("exact"))
+
+
+def test_greedy_batches_give_transformers_answers(tiny_dirs):
+    model = tiny_verifier(tiny_dirs)
+    stop = [int(model.config.eos_token_id)]
+    ours = answer_batch(model, prompts(), "greedy", Settings, stop, LeanModel(model))
+    theirs = answer_batch(model, prompts(), "greedy", Settings, stop)  # transformers' generate
+    assert ours == theirs
+    assert all(len(answer) == Settings.max_answer_tokens or done for answer, done in ours)
+    alone = [generate_batch(LeanModel(model), [p], Settings.max_answer_tokens, stop)[0] for p in prompts()]
+    assert alone == ours  # a prompt's answer does not depend on its batch
+
+
+def test_an_answer_ends_at_its_stop_token(tiny_dirs):
+    model = tiny_verifier(tiny_dirs)
+    runner = LeanModel(model)
+    first = generate_batch(runner, prompts(), Settings.max_answer_tokens, [0])
+    stop = first[1][0][3]  # the fourth token prompt 1 answers greedily: make it a stop token
+    answers = generate_batch(runner, prompts(), Settings.max_answer_tokens, [0, stop])
+    assert answers[1] == (first[1][0][:4], True)
+    for (answer, done), (full, _) in zip(answers, first):
+        assert answer == full[: len(answer)]  # the same tokens up to its own end
+        assert done == (stop in answer) and (not done or answer[-1] == stop and answer.count(stop) == 1)
+
+
+def test_sampled_batches_are_reproducible_draws(tiny_dirs):
+    model = tiny_verifier(tiny_dirs)
+    runner = LeanModel(model)
+    draws = [generate_batch(runner, prompts(), 8, [0], greedy=False, temperature=0.8, top_p=0.95,
+                            generator=torch.Generator().manual_seed(seed)) for seed in (1, 1, 2)]
+    assert draws[0] == draws[1] and draws[0] != draws[2]
+    assert all(len(answer) == 8 for answer, _ in draws[0])
