@@ -65,7 +65,11 @@ class LoadedModels:
 
     @property
     def chat_template(self) -> str | None:
-        return None if self.tokenizer.chat_template else self.preset.chat_template
+        """The template every chat is rendered with, resolved here once: None when the tokenizer has
+        its own (apply_chat_template uses it), else the preset's, else the plain one."""
+        from .presets import PLAIN_CHAT_TEMPLATE
+
+        return None if self.tokenizer.chat_template else (self.preset.chat_template or PLAIN_CHAT_TEMPLATE)
 
     def stop_token_ids(self) -> list[int]:
         ids = self.verifier.generation_config.eos_token_id

@@ -43,7 +43,7 @@ def tune_eval(
     from .bench import read_prompts
     from .engine import PromptFileError
     from .engine import load_models, resolve_model, resolve_ssm
-    from .engine.tune import agreement_by_category, chat_template_for, greedy_answers
+    from .engine.tune import agreement_by_category, greedy_answers
 
     with friendly_errors():
         if max_new_tokens < 1 or top_k < 1 or (per_category is not None and per_category < 1) or (limit is not None and limit < 1):
@@ -62,7 +62,7 @@ def tune_eval(
         drafters = models.ssms  # (name, model), loaded as the engine drafts with them
         pairs = [(str(p), p.category) for p in chosen]
         typer.echo(f"answering {len(pairs)} prompts greedily ({max_new_tokens} tokens; cached after the first run)", err=True)
-        answered = greedy_answers(models, chat_template_for(models), pairs, max_new_tokens, paths.cache_dir() / "eval-answers")
+        answered = greedy_answers(models, models.chat_template, pairs, max_new_tokens, paths.cache_dir() / "eval-answers")
         report = agreement_by_category(drafters, answered, top_k)
     report = {"model": preset.name, "quant": quant, "prompts": str(prompts), "max_new_tokens": max_new_tokens,
               "top_k": top_k, "ssms": [name for name, _ in drafters], **report}

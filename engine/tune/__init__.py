@@ -17,7 +17,6 @@ The tuning API (what `spectui tune` and `spectui tune-eval` use):
     TuneConfig, TuneConfigError        the knobs, checked by TuneConfig.validate()
     run_tune(cfg, models_dir=...)      all stages; models_dir: the model cache (as load_engine's)
     read_prompt_file(path)             a prompts file, checked before anything is written
-    chat_template_for(models)          the template the verifier's chats render with
     greedy_answers, agreement_by_category   tune-eval: cached verifier answers, SSM agreement
 The names that need torch load on first use, so importing this package (for TuneConfig) is cheap.
 """
@@ -26,7 +25,7 @@ from importlib import import_module
 
 from .config import TuneConfig, TuneConfigError
 
-_LAZY_NAMES = {"run_tune": ".pipeline", "read_prompt_file": ".pipeline", "chat_template_for": ".pipeline",
+_LAZY_NAMES = {"run_tune": ".pipeline", "read_prompt_file": ".pipeline",
                "greedy_answers": ".heldout", "agreement_by_category": ".heldout"}
 
 __all__ = ["TuneConfig", "TuneConfigError", *_LAZY_NAMES]

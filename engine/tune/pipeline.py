@@ -115,15 +115,6 @@ def read_kept_prompts(path: Path) -> list[str]:
     return texts
 
 
-def chat_template_for(models) -> str | None:
-    """The template the engine renders chats with; the plain one for a model that has none."""
-    from ..presets import PLAIN_CHAT_TEMPLATE
-
-    if models.tokenizer.chat_template or models.chat_template:
-        return models.chat_template
-    return PLAIN_CHAT_TEMPLATE
-
-
 class Prompts:
     """OUT/prompts.jsonl: the user's prompts, or Magpie's, grown on demand; batch(i) for the data stage."""
 
@@ -290,7 +281,7 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
     began = time.perf_counter()
     models = load_models(replace(preset, ssms=()), quant=cfg.quant, device=cfg.device, models_dir=models_dir)  # the verifier alone
     timings["load"] = time.perf_counter() - began
-    template = chat_template_for(models)
+    template = models.chat_template
     device = models.device
 
     # 1. prompts

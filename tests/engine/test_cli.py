@@ -220,3 +220,20 @@ def test_closed_stdout_exits_quietly_with_141(tiny_chat_model, flags):
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
     assert "tokens/s" not in err  # the summary line is not printed for an answer nobody reads
+
+
+def test_a_model_folder_without_a_chat_template_generates_with_the_plain_one(tiny_dirs, tmp_path):
+    """The template is resolved once (LoadedModels.chat_template): the tokenizer's, else the preset's,
+    else the plain one, for generate as for chat and tune."""
+    from spectui.engine.loading import load_models
+    from spectui.engine.presets import PLAIN_CHAT_TEMPLATE, resolve_model
+
+    assert not (tiny_dirs["verifier"] / "chat_template.jinja").exists()
+    models = load_models(resolve_model(str(tiny_dirs["verifier"])), quant="none", device="cpu")
+    assert models.chat_template == PLAIN_CHAT_TEMPLATE
+    trace = tmp_path / "t.jsonl"
+    result = spectui("generate", "hello there", "--model", str(tiny_dirs["verifier"]), "--quant", "none",
+                     "--device", "cpu", "--max-new-tokens", "3", "--no-spec", "--trace", str(trace))
+    assert result.returncode == 0, result.stderr
+    _, events = read_trace(trace)
+    assert sum(len(e.new_tokens) for e in events) == 3

@@ -8,7 +8,6 @@ import torch
 from spectui.engine.loading import load_causal_lm, load_models
 from spectui.engine.presets import resolve_model
 from spectui.engine.tune.heldout import agreement_by_category, answers_path, greedy_answers
-from spectui.engine.tune.pipeline import chat_template_for
 
 PROMPTS = [("What is the capital of France?", "qa"), ("Name a prime number.", "math"),
            ("Write one word about the sea.", "writing"), ("Say hello.", "qa")]
@@ -20,7 +19,7 @@ def models(tiny_dirs):
 
 
 def test_answers_are_the_verifiers_greedy_continuations_and_cached(models, tmp_path):
-    answered = greedy_answers(models, chat_template_for(models), PROMPTS, 12, tmp_path)
+    answered = greedy_answers(models, models.chat_template, PROMPTS, 12, tmp_path)
     assert [(e.prompt, c) for e, c in answered] == PROMPTS
     for example, _ in answered[:2]:
         alone = models.verifier.generate(torch.tensor([example.prompt_ids]), max_new_tokens=12, do_sample=False,
@@ -29,14 +28,14 @@ def test_answers_are_the_verifiers_greedy_continuations_and_cached(models, tmp_p
         assert example.mode == "greedy" and len(example.answer_ids) >= 1
     path = answers_path(tmp_path, models.preset.name, models.quant, PROMPTS, 12)
     stamp = path.stat().st_mtime_ns
-    again = greedy_answers(models, chat_template_for(models), PROMPTS, 12, tmp_path)
+    again = greedy_answers(models, models.chat_template, PROMPTS, 12, tmp_path)
     assert path.stat().st_mtime_ns == stamp  # read back, not regenerated
     assert [e.answer_ids for e, _ in again] == [e.answer_ids for e, _ in answered]
     assert answers_path(tmp_path, models.preset.name, models.quant, PROMPTS, 13) != path
 
 
 def test_agreement_per_category_separates_a_perfect_drafter_from_a_random_one(models, tiny_dirs, tmp_path):
-    answered = greedy_answers(models, chat_template_for(models), PROMPTS, 12, tmp_path)
+    answered = greedy_answers(models, models.chat_template, PROMPTS, 12, tmp_path)
     random_ssm = load_causal_lm(tiny_dirs["ssm68"], "cpu", "none")
     report = agreement_by_category([("itself", models.verifier), ("random", random_ssm)], answered, 3)
     assert set(report["categories"]) == {"qa", "math", "writing"}

@@ -26,7 +26,7 @@ from spectui.engine.presets import resolve_model
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.tune.config import TuneConfig
 from spectui.engine.tune.magpie import Deduper, normalise, synthesise
-from spectui.engine.tune.pipeline import chat_template_for, run_tune
+from spectui.engine.tune.pipeline import run_tune
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 # A tiny SSM and a tiny run; every flag is a real CLI option.
@@ -85,7 +85,7 @@ def test_engine_accepts_tuned_ssms_and_stays_lossless(tuned, tiny_verifier):
     models = load_models(resolve_model(str(tiny_verifier)), ssms, quant="none", device="cpu")
     assert [name for name, _ in models.ssms] == ["ssm-1", "ssm-2"]  # the vocabulary check passed
     engine = build_engine(models, ngram=False)
-    template = chat_template_for(models)
+    template = models.chat_template
     drafted = 0
     for prompt in PROMPTS[:2]:
         ids = encode_chat(models.tokenizer, [{"role": "user", "content": prompt}], template)  # as engine.chat renders it
@@ -155,7 +155,7 @@ def test_magpie_on_the_tiny_verifier_returns_distinct_prompts(tiny_verifier):
     cfg = replace(TuneConfig(), magpie_batch=4, magpie_max_tokens=10, magpie_require_end=False, seed=3)
     kept: list[str] = []
     seen = Deduper(["an old prompt"])
-    template, stop_ids = chat_template_for(models), models.stop_token_ids()
+    template, stop_ids = models.chat_template, models.stop_token_ids()
     count = synthesise(models.verifier, models.tokenizer, template, stop_ids, 6, cfg, seen, kept.append)
     assert count == len(kept) == 6
     assert len({normalise(t) for t in kept}) == 6 and "an old prompt" not in kept
