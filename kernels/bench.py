@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from .reference import ancestor_mask
+
 # Peak HBM bandwidth in GB/s by device-name fragment, used when the properties do not give it.
 KNOWN_PEAK_GBS = {"H200": 4800.0, "H100 PCIe": 2000.0, "H100": 3350.0, "A100-SXM4-80GB": 2039.0, "A100": 1555.0}
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, None)  # None: the launcher's automatic choice
@@ -75,12 +77,7 @@ def kv_bytes(batch: int, kv_heads: int, prefix: int, tree: int, dim: int, itemsi
 def random_tree_mask(batch: int, T: int, device: str, gen: torch.Generator) -> torch.Tensor:
     """bool [B, T, T] ancestor mask of a random tree (parent of node i drawn from 0..i-1)."""
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)]
-    mask = torch.zeros(T, T, dtype=torch.bool)
-    for i in range(T):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parent[j]
+    mask = ancestor_mask(parent)  # [T, T]
     return mask.expand(batch, T, T).contiguous().to(device)
 
 

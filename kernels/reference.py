@@ -75,6 +75,17 @@ def check_tree_inputs(
     return B, Hq, Hkv, T, D
 
 
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """parents[i] < i (-1 for a root; several roots make a forest) -> bool [T, T], [i, j] True iff j
+    is i or an ancestor of i: the tree_mask of one tree (engine/tree.py builds the engine's own)."""
+    rows: list[list[bool]] = []
+    for i, p in enumerate(parents):
+        row = list(rows[p]) if p >= 0 else [False] * len(parents)
+        row[i] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool).view(len(parents), len(parents))
+
+
 def dense_tree_mask(tree_mask: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """[B, T, T] ancestor mask -> dense SDPA mask [B, 1, T, prefix_len + T] (True = attend)."""
     B, T, _ = tree_mask.shape

@@ -33,6 +33,7 @@ import pytest
 import torch
 
 from spectui.kernels import tree_attention_reference
+from spectui.kernels.reference import ancestor_mask
 from spectui.kernels.triton_tree import pack_tree_mask, tree_attention_triton
 
 # Same tolerances as tests/kernels/test_tree_attention.py.
@@ -117,16 +118,6 @@ def random_parents(gen: torch.Generator, T: int) -> list[int]:
             p = max(0, i - 1 - randint(0, 3))
         parents.append(p)
     return parents
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """bool [T, T]: [i, j] True iff j is i or an ancestor of i."""
-    rows: list[list[bool]] = []
-    for i, p in enumerate(parents):
-        row = list(rows[p]) if p >= 0 else [False] * len(parents)
-        row[i] = True
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.bool)
 
 
 def generic(T: int) -> bool:

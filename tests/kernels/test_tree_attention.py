@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from spectui.kernels import AttentionBackendError, resolve_backend, tree_attention, tree_attention_reference
 from spectui.kernels import backend as backend_mod
+from spectui.kernels.reference import ancestor_mask
 from spectui.kernels.triton_tree import pack_tree_mask, tree_attention_triton
 
 TOL = {
@@ -28,18 +29,6 @@ TOL = {
 # function_scoped_fixture: conftest's autouse env fixture is the same for every example.
 FAST = settings(max_examples=15, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """parents[i] < i (or -1 for a root) -> bool [T, T], [i, j] True iff j is i or an ancestor of i."""
-    T = len(parents)
-    mask = torch.zeros(T, T, dtype=torch.bool)
-    for i in range(T):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-    return mask
 
 
 @st.composite
