@@ -6,12 +6,12 @@ LeanModel.run takes B sequences at once, so one step's kernel calls serve B toke
 
 Layout, as transformers' generate lays out a left-padded batch (W = the longest prompt):
 
-    ids        [B, W]   pad ... pad p_1 ... p_n            (pad = the first stop id)
+    cache      [B, S]   prompt b in columns W - len_b .. W - 1, then one column a step
     valid      [B, S]   False for padding, True for every real token so far
-    positions  [B, W]   cumsum(valid) - 1 (padding at 1): a prompt starts at position 0 whatever its padding
-    mask       [B, 1, T, S] = causal & valid[:, None, None, :]   (padding rows see nothing: zeros)
+    positions  [B, W]   cumsum(valid) - 1: a prompt starts at position 0 whatever its padding
 
-Each step feeds every sequence's newest token at position last + 1. A sequence that has emitted a
+Each prompt is prefilled alone (LeanModel.prefill_left_padded: a batched prefill would attend over
+the padding, most of the time when one prompt is long) into its row of the batch cache. Each step feeds every sequence's newest token at position last + 1. A sequence that has emitted a
 stop token is finished: its answer ends there (stop token included) and what it computes after is
 thrown away. Greedy picks the argmax; sampling draws from engine/accept.py's target_probs
 (temperature, then top-p), one multinomial draw per row.
@@ -33,13 +33,9 @@ def generate_batch(
 
     runner: a LeanModel (reset here, and left holding this batch)."""
     B, W = len(prompts), max(map(len, prompts))
-    pad = stop_ids[0]
-    ids = torch.tensor([[pad] * (W - len(p)) + list(p) for p in prompts])  # [B, W]
     valid = torch.tensor([[False] * (W - len(p)) + [True] * len(p) for p in prompts])  # [B, W]
     positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)  # [B, W]
-    causal = torch.ones(W, W, dtype=torch.bool).tril_()  # [W, W]
-    runner.reset()
-    logits = runner.run(ids, positions, causal[None, None] & valid[:, None, None, :], last_only=True)[:, -1]  # [B, V]
+    logits = runner.prefill_left_padded(prompts)  # [B, V]: each prompt alone, into the batch's cache
     answers: list[list[int]] = [[] for _ in prompts]
     finished = [False] * B
     stops = set(stop_ids)

@@ -207,6 +207,28 @@ class LeanModel:
         h = rms_norm(h[:, -1:] if last_only else h, self.norm)  # [B, T or 1, H]
         return self.head(h.reshape(-1, h.shape[-1])).float().view(B, h.shape[1], -1)  # [B, T or 1, V]
 
+    @torch.inference_mode()
+    def prefill_left_padded(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Start B sequences left-padded to the longest prompt (W tokens), each prefilled alone.
+
+        A batched prefill computes attention over the padding too ([B, W, W] per head: most of a
+        batch's time when one prompt is long); alone, each prompt costs its own length and takes the
+        causal path (no mask, blocks of queries). Prompt b's key/values land in columns
+        [W - len_b, W) of the batch cache at positions 0 .. len_b - 1, where a left-padded batch puts
+        them; padding columns hold zeros that the caller masks. Returns the logits after each prompt,
+        [B, V]."""
+        B, W = len(prompts), max(map(len, prompts))
+        rows, batch = [], None
+        for b, prompt in enumerate(prompts):
+            self.reset()
+            rows.append(self.forward_chain(list(prompt), last_only=True))  # [1, V]
+            if batch is None:
+                batch = torch.zeros(*self.kv.shape[:2], B, *self.kv.shape[3:4], max(self.kv.shape[4], W),
+                                    self.head_dim, dtype=self.cache_dtype)  # [L, 2, B, Hkv, capacity, D]
+            batch[:, :, b, :, W - len(prompt) : W] = self.kv[:, :, 0, :, : len(prompt)]
+        self.kv, self._length = batch, W
+        return torch.cat(rows)  # [B, V]
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
         """q [B, Hq, T, D] over keys/values [B, Hkv, S, D]; mask bool [B|1, 1, T, S] or None (causal)."""
         if self.exact:
