@@ -15,7 +15,8 @@ is given by its caller (`models_dir`: the model cache; `cost_cache`: measured st
 
 Load      load_engine(model, ssms, quant, device, progress, cost_cache, models_dir) -> (LoadedModels,
           SpeculativeEngine); load_models (the models without an engine); resolve_model / resolve_ssm
-          (--model / --ssm values, checked before loading); preset_rows(models_dir) (`spectui models`);
+          (--model / --ssm values, checked before loading); preset_rows(models_dir), cache_entries(models_dir)
+          and remove_cache_entry(models_dir, name) (`spectui models`);
           QUANTS and pick_device (--quant / --device, checked before loading).
 Generate  SpeculativeEngine.generate(prompt ids, GenerationSettings) yields StepEvents; Conversation
           (history, chat template, context budget) and chat_turn (one assistant turn of it);
@@ -25,7 +26,7 @@ Events    StepEvent, TreeNode, RunInfo and BONUS_SOURCE (engine/events.py, the o
 Process   EngineWorker(LoadRequest) runs load_engine and chat turns in a child process (what the app
           does); prepare_engine_process (call before a UI takes stderr); engine_threads.
 Errors    ModelSpecError, ModelLoadError (.usage: bad flags), ContextError, TraceError, PromptFileError, WorkerError,
-          EngineDied, AttentionBackendError; ValueError from GenerationSettings.
+          EngineDied, AttentionBackendError, CacheEntryError; ValueError from GenerationSettings.
 Files     private_dir, write_private: folders 0700, atomic 0600 files (the engine's cache markers);
           read_prompt_file: a prompts file (JSONL or one a line) as [(prompt, category)], the one
           reader of bench, tune and tune-eval.
@@ -36,7 +37,7 @@ ModelLoadError, QUANTS, pick_device, SpeculativeEngine, AttentionBackendError) l
 
 from importlib import import_module
 
-from .catalog import preset_rows
+from .catalog import CacheEntryError, cache_entries, preset_rows, remove_cache_entry
 from .chat import ContextError, Conversation, chat_turn, encode_chat
 from .events import BONUS_SOURCE, RunInfo, StepEvent, TraceError, TreeNode, read_runs, read_trace, write_trace
 from .files import private_dir, write_private
@@ -53,10 +54,10 @@ _LAZY = {  # module -> the names it gives; these modules import torch, so they l
 _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
-    "BONUS_SOURCE", "DEFAULT_MERGE", "DEFAULT_TREE", "ContextError", "Conversation", "EngineDied", "EngineWorker",
+    "BONUS_SOURCE", "CacheEntryError", "DEFAULT_MERGE", "DEFAULT_TREE", "ContextError", "Conversation", "EngineDied", "EngineWorker",
     "GenerationSettings", "LoadRequest", "ModelSpecError", "PromptFileError", "RunInfo", "StepEvent", "TraceError", "TreeNode",
-    "WorkerError", "chat_turn", "encode_chat", "engine_threads", "parse_tree", "prepare_engine_process",
-    "preset_rows", "private_dir", "read_prompt_file", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "tree_text",
+    "WorkerError", "cache_entries", "chat_turn", "encode_chat", "engine_threads", "parse_tree", "prepare_engine_process",
+    "preset_rows", "private_dir", "read_prompt_file", "remove_cache_entry", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "tree_text",
     "write_private", "write_trace", *_LAZY_NAMES,
 ]
 

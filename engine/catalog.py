@@ -1,4 +1,5 @@
-"""`spectui models`: the presets with their verifier, SSMs, source and whether they are (validly) cached.
+"""`spectui models`: the presets with their verifier, SSMs, source and whether they are (validly) cached;
+what the model cache holds, with its size on disk, and removing an entry of it.
 
 "Cached" means the cache entry passes the same check as a start (files against the entry's marker,
 see engine/embedded.py): a truncated or half-written model is reported as not cached, with why.
@@ -51,3 +52,62 @@ def describe_ssm(source: str) -> str:
     if source.startswith(BUNDLED):
         return f"{source.removeprefix(BUNDLED)} (boost-tuned, shipped with spectui)"
     return source
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes on disk under path (a file or folder); links are not followed (hub snapshots link to blobs)."""
+    path = Path(path)
+    if path.is_symlink():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def cache_entries(models_dir: Path) -> list[dict]:
+    """What the model cache holds: one entry per model (name, kind, path, bytes), largest first.
+
+    kinds: "embedded" (the converted default, named by its preset), "wheel" (the package kept for
+    offline rebuilds of it, "<preset>-wheel"), "hub" (a hub repository, "org/name", every snapshot),
+    "gguf" (a user's converted .gguf, named by its folder)."""
+    from .embedded import EMBEDDED_NAME, SOURCES_DIR, embedded_model_dir
+
+    root = Path(models_dir)
+    found = []
+    if embedded_model_dir(root).is_dir():
+        found.append((EMBEDDED_NAME, "embedded", embedded_model_dir(root)))
+    for wheel in sorted((root / SOURCES_DIR).glob("*.whl")):
+        found.append((f"{EMBEDDED_NAME}-wheel", "wheel", wheel))
+    for repo in sorted((root / "hub").glob("models--*")):
+        found.append((repo.name.removeprefix("models--").replace("--", "/"), "hub", repo))
+    for folder in sorted((root / "gguf").iterdir() if (root / "gguf").is_dir() else []):
+        if folder.is_dir() and not folder.name.startswith("."):
+            found.append((folder.name, "gguf", folder))
+    entries = [{"name": name, "kind": kind, "path": str(path), "bytes": folder_bytes(path)} for name, kind, path in found]
+    return sorted(entries, key=lambda e: -e["bytes"])
+
+
+class CacheEntryError(ValueError):
+    """No cache entry has that name (the message lists the names there are)."""
+
+
+def remove_cache_entry(models_dir: Path, name: str) -> dict:
+    """Delete the cache entry `name` (a name cache_entries gives, or a preset whose verifier is
+    cached under another name); returns the removed entry. The next start that needs it downloads,
+    converts or rebuilds it again."""
+    import shutil
+
+    entries = cache_entries(models_dir)
+    preset = PRESETS.get(name)
+    wanted = {name, preset.verifier} if preset else {name}
+    matches = [e for e in entries if e["name"] in wanted]
+    if not matches:
+        names = ", ".join(e["name"] for e in entries) or "none: the cache is empty"
+        raise CacheEntryError(f"no cached model named {name!r} (cached: {names})")
+    entry = matches[0]
+    path = Path(entry["path"])
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return entry

@@ -17,7 +17,8 @@ import typer
 from . import paths
 from .documents import DocumentError, read_document, read_stream
 from .engine import (
-    DEFAULT_MERGE, Conversation, GenerationSettings, RunInfo, chat_turn, parse_tree, preset_rows, tree_text, write_trace,
+    DEFAULT_MERGE, CacheEntryError, Conversation, GenerationSettings, RunInfo, cache_entries, chat_turn, parse_tree,
+    preset_rows, remove_cache_entry, tree_text, write_trace,
 )
 from .options import (
     DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, check_writable, friendly_errors, load, quiet_broken_pipe,
@@ -155,17 +156,43 @@ def summary_line(event, models) -> str:
     )
 
 
-def models(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """List the model presets: verifier, SSMs, source, cached or not."""
+def models(
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    remove: Optional[str] = typer.Option(None, "--remove", metavar="NAME",
+                                         help="delete this model from the model cache (a name the list shows, or a preset)"),
+) -> None:
+    """List the model presets (verifier, SSMs, source, cached or not) and what the model cache holds."""
     with friendly_errors():
-        rows = preset_rows(paths.models_dir())
+        if remove is not None:
+            try:
+                entry = remove_cache_entry(paths.models_dir(), remove)
+            except CacheEntryError as exc:
+                raise UsageFailure(str(exc)) from None
+            typer.echo(f"removed {entry['name']} ({size_text(entry['bytes'])}, {entry['path']})")
+            return
+        rows, entries = preset_rows(paths.models_dir()), cache_entries(paths.models_dir())
         if as_json:
-            typer.echo(json.dumps({"presets": rows}, indent=2))
+            cache = {"path": str(paths.models_dir()), "bytes": sum(e["bytes"] for e in entries), "entries": entries}
+            typer.echo(json.dumps({"presets": rows, "cache": cache}, indent=2))
             return
         for row in rows:
             ssms = ", ".join(row["ssms"]) or "-"
             cached = "cached" if row["cached"] else "not cached"
             typer.echo(f"{row['name']:<14} verifier {row['verifier']}; SSMs {ssms}; {row['source']}; {cached}")
+        total = size_text(sum(e["bytes"] for e in entries))
+        typer.echo(f"\nmodel cache {paths.models_dir()}: {len(entries)} entries, {total}")
+        for entry in entries:
+            typer.echo(f"  {entry['name']:<40} {entry['kind']:<9} {size_text(entry['bytes']):>9}")
+        if entries:
+            typer.echo("remove one with: spectui models --remove NAME")
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: 1.2 GB, 93.1 MB, 12 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def bench(
