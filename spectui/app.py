@@ -6,7 +6,7 @@ The app is the controller. The models and the engine live in a child process
 (a thread worker posting one StepArrived per verifier step and a TurnFinished at the end), and
 its death. Esc stops the turn within one verifier step; in step mode the engine waits for f6
 after each step. When the engine process dies, mid-answer or idle, what was streamed is saved,
-one notice says what happened and ctrl+r (or ctrl+p → Restart engine) starts a new one. Replay
+one notice says what happened and ctrl+e (or ctrl+p → Restart engine) starts a new one. Replay
 (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the recorded StepEvents through
 the same StepArrived path (replay_actions.py). History lives in
 SQLite (store.py): the user message is saved when sent, the (possibly partial) answer with its
@@ -133,6 +133,7 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
         self.record = self.store.last()
         if self.record is not None:
             await self.open_conversation(self.record.id)
+        self.refresh_prompt_history()
         chat.status.model = self.model_spec
         if not self.autoload:
             return
@@ -169,7 +170,7 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         self.chat.status.state = "no model"
-        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; ctrl+r retries.", error=True)
+        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; ctrl+e retries.", error=True)
         self.notify(message.reason, title="Loading failed", severity="error", timeout=15)
 
     def on_engine_lost(self, message: EngineLost) -> None:
@@ -190,8 +191,8 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
     def engine_gone(self, reason: str, saved: str) -> None:
         """The one notice for an engine process that went away."""
         self.chat.status.state = "engine stopped"
-        self.chat.set_notice(f"{reason[0].upper()}{reason[1:]}.{saved} ctrl+r restarts the engine.", error=True)
-        self.notify("ctrl+r restarts it", title="The engine process stopped", severity="error", timeout=15)
+        self.chat.set_notice(f"{reason[0].upper()}{reason[1:]}.{saved} ctrl+e restarts the engine.", error=True)
+        self.notify("ctrl+e restarts it", title="The engine process stopped", severity="error", timeout=15)
 
     # ---- a turn
     async def on_prompt_input_submitted(self, message) -> None:
@@ -207,7 +208,7 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
             self.notify("still answering — Esc stops", severity="warning")
             return
         if self.engine is None:
-            reason = {"failed": f"loading failed: {self.load_error}", "dead": "the engine process stopped (ctrl+r restarts it)",
+            reason = {"failed": f"loading failed: {self.load_error}", "dead": "the engine process stopped (ctrl+e restarts it)",
                       "starting": "the model is still loading"}.get(self.link.state, "no model")
             self.notify(f"cannot answer yet: {reason}", severity="error")
             return
@@ -230,6 +231,7 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
         history = self.store.messages(self.record.id)
         self.store.add_message(self.record.id, "user", text)
         self.chat.query_one("#prompt").clear()
+        self.refresh_prompt_history()
         self.turn = Turn(self.record.id, speculators)
         await self.chat.begin_turn(text, speculators, greedy, quant)
         self.chat.set_notice(None)
@@ -350,11 +352,13 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
         yield SystemCommand("New conversation", "Start a new chat", self.action_new_conversation)
         yield SystemCommand("Conversations", "List, switch, rename, delete chats", self.action_conversations)
         yield SystemCommand("Settings", "System prompt, temperature, top-p, tree, SSMs, max tokens", self.action_settings)
+        yield SystemCommand("Search earlier prompts", "Find a prompt you sent and edit or send it again (ctrl+r)",
+                            self.action_search_prompts)
         yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard", self.action_copy_answer)
         yield SystemCommand("Export to Markdown", "Write this conversation to a Markdown file", self.action_export)
         yield SystemCommand("Stop", "Stop generating", self.action_stop)
         if self.link.state in ("off", "failed", "dead"):
-            yield SystemCommand("Restart engine", "Start the engine process again (ctrl+r)", self.action_restart_engine)
+            yield SystemCommand("Restart engine", "Start the engine process again (ctrl+e)", self.action_restart_engine)
 
     def on_unmount(self) -> None:
         self.link.close()

@@ -1,4 +1,5 @@
-"""HistoryActions: the app's conversation commands (open, new, rename, delete, copy, export).
+"""HistoryActions: the app's conversation commands (open, new, rename, delete, copy, export) and
+the prompt history (Up/Down in the message box, ctrl+r to search it).
 
 A mixin of SpecTuiApp (app.py), which holds `store`, `record`, `chat` and `generating`. What a
 conversation command does to a streaming answer: it stops the answer, which is saved as far as
@@ -13,11 +14,24 @@ from functools import partial
 
 from . import paths
 from .screens.dialogs import ConfirmScreen, ConversationsScreen, TextPromptScreen
+from .screens.prompt_search import PromptSearchScreen
 from .store import export_file
 
 
 class HistoryActions:
     pending = None  # the coroutine function to run once the streaming answer has stopped and been saved
+
+    # ---- prompt history
+    def refresh_prompt_history(self) -> None:
+        """The message box's Up/Down history: every prompt sent, in any conversation (the store's)."""
+        if self.store is not None and not self.replay_cursor:
+            self.chat.query_one("#prompt").sent = self.store.user_prompts()
+
+    def action_search_prompts(self) -> None:
+        if self.store is None or self.replay_cursor:
+            return
+        box = self.chat.query_one("#prompt")
+        self.push_screen(PromptSearchScreen(self.store.user_prompts()), lambda text: text and box.show(text))
 
     # ---- acting on a streaming answer
     async def after_turn(self, action, doing: str) -> None:

@@ -279,6 +279,16 @@ class Store:
         return [StoredMessage(role, content, _pieces(origins), _names(names)) for role, content, origins, names in rows]
 
     # the conversation that reopens at start
+    def user_prompts(self, limit: int = 500) -> list[str]:
+        """The newest `limit` messages the user sent, in every conversation, oldest first, without
+        a message repeating the one before it (prompt history: Up/Down and ctrl+r)."""
+        rows = self.db.execute("SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,))
+        prompts: list[str] = []
+        for (content,) in reversed(list(rows)):
+            if not prompts or prompts[-1] != content:
+                prompts.append(content)
+        return prompts
+
     def set_last(self, conversation_id: int | None) -> None:
         with _transaction(self.db) as db:
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last', ?)", (str(conversation_id or ""),))

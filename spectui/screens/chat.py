@@ -55,7 +55,8 @@ class ChatScreen(Screen):
         Binding("f9", "app.copy_answer", "Copy", show=False),
         Binding("ctrl+t", "toggle_panel", "Panel"),
         Binding("ctrl+n", "app.new_conversation", "New chat", show=False),
-        Binding("ctrl+r", "app.restart_engine", "Restart engine", show=False, priority=True),  # after the engine process stopped
+        Binding("ctrl+r", "app.search_prompts", "Search prompts", show=False),
+        Binding("ctrl+e", "app.restart_engine", "Restart engine", show=False, priority=True),  # after the engine process stopped
     ]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # CSS: the panel's width
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]  # CSS: a smaller chart in short windows

@@ -1,5 +1,9 @@
 """PromptInput: the multi-line message box. Enter sends; ctrl+j, alt+enter or shift+enter adds a newline.
 
+Prompt history, as in a shell: Up in an empty box recalls the newest prompt sent (in any
+conversation), Up again an older one, Down a newer one and, past the newest, the empty box again.
+A recalled prompt that is edited is an ordinary message: Up and Down move the cursor in it again.
+
 Which of those a terminal can deliver differs: ctrl+j arrives everywhere (it is a plain line
 feed); alt+enter arrives as ESC + Enter in xterm-like terminals and under tmux and screen, which
 Textual's key parser reads as a plain Enter (it drops the alt of a key it has a name for), so
@@ -43,7 +47,42 @@ class PromptInput(TextArea):
     class Submitted(Message):
         text: str
 
+    sent: list[str] = []  # prompts sent, oldest first (the app fills it from the store; TextArea's `history` is its undo)
+    recalled: int | None = None  # the index of the history entry the box shows, while it shows one
+
+    def recall(self, step: int) -> bool:
+        """Up (-1) / Down (+1) through the history; False when the key should move the cursor instead."""
+        showing = self.recalled is not None and self.recalled < len(self.sent) and self.text == self.sent[self.recalled]
+        if not showing:
+            self.recalled = None
+            if step > 0 or self.text or not self.sent:
+                return False
+            index = len(self.sent) - 1
+        else:
+            index = self.recalled + step
+            if index < 0:
+                return True  # the oldest stays
+        if index >= len(self.sent):
+            self.recalled = None
+            self.clear()
+            return True
+        self.recalled = index
+        self.load_text(self.sent[index])
+        self.move_cursor(self.document.end)
+        return True
+
+    def show(self, text: str) -> None:
+        """Put a prompt (ctrl+r's choice) in the box, cursor at its end."""
+        self.recalled = None
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+        self.focus()
+
     async def _on_key(self, event: events.Key) -> None:
+        if event.key in ("up", "down") and self.recall(-1 if event.key == "up" else 1):
+            event.stop()
+            event.prevent_default()
+            return
         if event.key == "enter":
             event.stop()
             event.prevent_default()

@@ -243,3 +243,52 @@ def test_engine_threads_reach_the_engine_process_request(fresh_home):
     assert SpecTuiApp(autoload=False, engine_threads=2).link.request.threads == 2
     default = SpecTuiApp(autoload=False).link.request.threads
     assert default is None and engine_threads(default) == (os.cpu_count() or 1)  # every core: measured best
+
+
+async def test_prompt_history_up_down_and_ctrl_r_search(fresh_home):
+    """Up in an empty box recalls the prompts sent before (every conversation, newest first), Down goes
+    back; an edited recall is a message like any other; ctrl+r finds a prompt by its words."""
+    from spectui.screens.prompt_search import PromptSearchScreen
+
+    store = Store(paths.history_db())
+    a = store.create("alpha")
+    store.add_message(a.id, "user", "What is the capital of France?")
+    store.add_message(a.id, "assistant", "Paris.")
+    b = store.create("beta")
+    store.add_message(b.id, "user", "Write a haiku\nabout the sea")
+    store.add_message(b.id, "user", "Explain photosynthesis")
+    store.close()
+    app = SpecTuiApp(autoload=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.2)
+        box = app.chat.query_one("#prompt")
+        box.focus()
+        await pilot.press("up")
+        assert box.text == "Explain photosynthesis"
+        await pilot.press("up", "up")
+        assert box.text == "What is the capital of France?"
+        await pilot.press("up")  # the oldest stays
+        assert box.text == "What is the capital of France?"
+        await pilot.press("down")
+        assert box.text == "Write a haiku\nabout the sea" and box.cursor_location == (1, 13)  # cursor at the end
+        await pilot.press("down", "down")
+        assert box.text == ""  # past the newest: the empty box again
+        await pilot.press("up", "!")  # edited: now an ordinary message, the arrows move the cursor
+        await pilot.press("up")
+        assert box.text == "Explain photosynthesis!"
+        box.clear()
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, PromptSearchScreen)
+        assert app.screen.shown == ["Explain photosynthesis", "Write a haiku\nabout the sea", "What is the capital of France?"]
+        await pilot.press(*"SEA haiku")
+        assert app.screen.shown == ["Write a haiku\nabout the sea"]
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, PromptSearchScreen) and box.text == "Write a haiku\nabout the sea"
+        box.clear()
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        await pilot.press("down", "escape")  # esc keeps the box as it was
+        await pilot.pause(0.2)
+        assert box.text == "" and not app.generating

@@ -126,14 +126,14 @@ async def test_generation_failures_are_shown_and_the_conversation_kept(model_hom
         await wait_for(pilot, lambda: app.link.state == "dead", 10, "the death to be noticed")
         await pilot.pause(0.2)
         notice = str(app.chat.query_one("#notice").render())
-        assert "engine process exited (killed by SIGKILL)" in notice and "ctrl+r" in notice
+        assert "engine process exited (killed by SIGKILL)" in notice and "ctrl+e" in notice
         await pilot.click("#prompt")
         app.chat.query_one("#prompt").insert("And now?")
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert not app.generating and app.chat.query_one("#prompt").text == "And now?"
-        # ctrl+r restarts it once, however often it is asked; the typed text is then answered
-        await pilot.press("ctrl+r")
+        # ctrl+e restarts it once, however often it is asked; the typed text is then answered
+        await pilot.press("ctrl+e")
         app.action_restart_engine()
         assert app.link.starts == 2
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 300, "the restart")
@@ -170,6 +170,6 @@ async def test_engine_killed_mid_answer_saves_the_partial_answer_and_restarts(mo
         assert [(m.role, m.content) for m in store.messages(app.record.id)][-2:] == [
             ("user", "Write a long story about a dragon who learns to cook."), ("assistant", streamed)]
         store.close()
-        await pilot.press("ctrl+r")
+        await pilot.press("ctrl+e")
         await wait_for(pilot, lambda: app.engine is not None, 300, "the restart")
         assert app.link.starts == 2 and not app.chat.query_one("#notice").display

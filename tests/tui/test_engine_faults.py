@@ -1,6 +1,6 @@
 """Fault injection: the real app (Textual pilot) on a real engine process that is killed at random
 points in 20 turns. Afterwards every prompt and every streamed text is in the history database,
-and after each death the app said so in one notice and came back through ctrl+r.
+and after each death the app said so in one notice and came back through ctrl+e.
 
 The engine runs a tiny random LLaMA folder (conftest.py's `tiny_model`) so a restart takes
 seconds. Six of the 20 turns, seeded, lose their engine: during a step-mode pause after k steps,
@@ -37,14 +37,14 @@ def kill(app) -> int:
 
 
 async def recover(app, pilot, starts: int) -> None:
-    """After a death: one notice, no traceback; ctrl+r starts exactly one new engine."""
+    """After a death: one notice, no traceback; ctrl+e starts exactly one new engine."""
     await wait_for(pilot, lambda: app.link.state == "dead" and not app.generating, 30, "the death to be noticed")
     await pilot.pause(0.1)
     notice = str(app.chat.query_one("#notice").render())
-    assert "engine process exited (killed by SIGKILL)" in notice and "ctrl+r restarts" in notice
+    assert "engine process exited (killed by SIGKILL)" in notice and "ctrl+e restarts" in notice
     assert "Traceback" not in notice and "\n" not in notice.strip()
     assert app.chat.status.state == "engine stopped" and app.is_running
-    await pilot.press("ctrl+r")
+    await pilot.press("ctrl+e")
     assert isinstance(app.screen, LoadingScreen)
     app.action_restart_engine()  # Retry pressed again while loading: no second engine
     app.action_restart_engine()
