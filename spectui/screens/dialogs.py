@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
@@ -104,6 +105,22 @@ class TextPromptScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+def when(stamp: float, now: float | None = None) -> str:
+    """A conversation's last activity for its line in the list: today 14:02, yesterday 09:15,
+    3 Nov 18:40, or 3 Nov 2025 in another year (local time)."""
+    import datetime as dt
+
+    moment = dt.datetime.fromtimestamp(stamp)
+    today = dt.datetime.fromtimestamp(now if now is not None else dt.datetime.now().timestamp()).date()
+    if moment.date() == today:
+        return f"today {moment:%H:%M}"
+    if moment.date() == today - dt.timedelta(days=1):
+        return f"yesterday {moment:%H:%M}"
+    if moment.year == today.year:
+        return f"{moment.day} {moment:%b %H:%M}"
+    return f"{moment.day} {moment:%b %Y}"
+
+
 class ConversationsScreen(ModalScreen[tuple[str, int | None] | None]):
     """Returns ('open', id), ('new', None), ('rename', id) or ('delete', id)."""
 
@@ -121,7 +138,8 @@ class ConversationsScreen(ModalScreen[tuple[str, int | None] | None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog", id="conversations", can_focus=False):
             yield Label("Conversations — enter open · n new · r rename · d delete · esc close")
-            options = [Option(("● " if r.id == self.current else "  ") + r.title, id=str(r.id)) for r in self.records]
+            options = [Option(f"{'● ' if r.id == self.current else '  '}{escape(r.title)}  [dim]{when(r.updated)}[/dim]", id=str(r.id))
+                       for r in self.records]
             yield OptionList(*options, id="conversation-list")
             with Horizontal(classes="buttons"):
                 yield Button("New", id="new")

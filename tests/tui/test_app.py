@@ -47,7 +47,7 @@ async def test_corrupt_history_is_set_aside(fresh_home):
 
 async def test_conversations_switch_rename_delete(fresh_home):
     store = Store(paths.history_db())
-    a = store.create("alpha")
+    a = store.create("alpha [draft]")  # a title is text, never markup
     store.add_message(a.id, "user", "first question")
     b = store.create("beta")
     store.add_message(b.id, "user", "second question")
@@ -58,6 +58,9 @@ async def test_conversations_switch_rename_delete(fresh_home):
         assert app.record.id == b.id  # the last one reopens
         await pilot.press("f2")
         assert isinstance(app.screen, ConversationsScreen)
+        listing = app.screen.query_one("#conversation-list")
+        shown = ["".join(seg.text for seg in listing.render_line(row)).strip() for row in range(2)]
+        assert shown[0].startswith("● beta  today ") and shown[1].startswith("alpha [draft]  today "), shown
         await pilot.press("down", "enter")
         await pilot.pause(0.2)
         assert app.record.id == a.id

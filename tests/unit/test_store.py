@@ -244,3 +244,15 @@ def test_export_file_is_private(tmp_path):
     assert target.name == f"{record.id}-France.md" and "Paris." in target.read_text()
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert stat.S_IMODE(target.parent.stat().st_mode) == stat.S_IMODE(target.parent.parent.stat().st_mode) == 0o700
+
+
+def test_conversation_dates_read_like_a_chat_client():
+    import datetime as dt
+
+    from spectui.screens.dialogs import when
+
+    now = dt.datetime(2026, 11, 25, 15, 30).timestamp()
+    assert when(dt.datetime(2026, 11, 25, 9, 5).timestamp(), now) == "today 09:05"
+    assert when(dt.datetime(2026, 11, 24, 23, 59).timestamp(), now) == "yesterday 23:59"
+    assert when(dt.datetime(2026, 3, 2, 18, 40).timestamp(), now) == "2 Mar 18:40"
+    assert when(dt.datetime(2025, 11, 3, 8, 0).timestamp(), now) == "3 Nov 2025"
