@@ -27,9 +27,11 @@ AutoDrafting decides what to draft:
 - the n-gram drafter costs nothing measurable: its matches (up to 2 chains of 12) always join;
 - an SSM runs only while it pays: `gain` is a moving average of the tokens accepted from its nodes
   alone (no other speculator proposed them) per step it ran; it runs when gain * c_verify(1) (the
-  ms those tokens would cost incrementally) exceeds its drafting cost, and otherwise every
-  EXPLORE_EVERY-th step, so a speculator that starts to agree (a copying phase, another topic)
-  is noticed;
+  ms those tokens would cost incrementally) exceeds its drafting cost, and otherwise explores once
+  it has been idle for n steps with n * c_verify(1) * EXPLORE_SHARE >= its drafting cost (at least
+  MIN_EXPLORE_EVERY): exploring costs at most EXPLORE_SHARE of incremental time per SSM, however
+  cheap a verify step is next to a draft, and a speculator that starts to agree (a copying phase,
+  another topic) is still noticed;
 - it drafts depth by depth (top-3 under the root, top-2 below, the 2 best candidates fed each
   level) and stops when the next level's best hope, v(best frontier node) * a_next, per ms it would
   add (one SSM forward + one more verified node) no longer beats R.
@@ -49,7 +51,8 @@ from .tree import TokenTree
 MAX_NODES = 64  # the node budget of an auto tree, root included
 ROOT_WIDTH, WIDTH, FEED = 3, 2, 2  # SSM candidates under the root, under deeper nodes; nodes fed per level
 MAX_DEPTH = 8  # SSM levels per step
-EXPLORE_EVERY = 8  # an SSM that does not pay still drafts every this many steps
+EXPLORE_SHARE = 0.015  # of incremental time an SSM that does not pay may spend exploring
+MIN_EXPLORE_EVERY = 8  # steps between its explorations, at least
 GAIN_EMA = 0.25
 GAIN_PRIOR = 0.3  # tokens a new SSM is assumed to add per step until measured
 
@@ -130,7 +133,8 @@ class AutoDrafting:
             self.idle[name] = 0
             return True
         self.idle[name] = self.idle.get(name, 0) + 1
-        if self.idle[name] >= EXPLORE_EVERY:
+        every = max(MIN_EXPLORE_EVERY, self.costs.draft(name) / (EXPLORE_SHARE * self.costs.verify(1)))
+        if self.idle[name] >= every:
             self.idle[name] = 0
             return True
         return False

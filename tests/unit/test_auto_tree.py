@@ -86,3 +86,20 @@ def test_saved_acceptance_is_capped_and_ignores_strangers(tmp_path):
     assert all(s == "ssm" for s, _, _ in fresh.cells)
     (tmp_path / "bad.json").write_text("{not json", encoding="utf-8")
     assert not AcceptanceModel(kinds={"ssm": "model"}).load(tmp_path / "bad.json")
+
+
+def test_an_ssm_that_does_not_pay_explores_within_its_time_share():
+    """An SSM whose drafts are not accepted still drafts now and then (a copying phase may start),
+    but its idle interval n keeps n * c_verify(1) * EXPLORE_SHARE >= its draft cost."""
+    from spectui.engine.acceptance_model import AcceptanceModel
+    from spectui.engine.auto_tree import EXPLORE_SHARE, MIN_EXPLORE_EVERY, AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    for c1, draft_ms in ((10.0, 2.4), (60.0, 2.4)):  # a fast verifier next to its SSM, then a slow one
+        costs = CostModel({1: c1, 2: c1 * 1.2}, draft_ms={"ssm": draft_ms})
+        auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}), gain={"ssm": 0.0})
+        runs = [step for step in range(1, 200) if auto.worth_running("ssm")]
+        gaps = {b - a for a, b in zip(runs, runs[1:])}
+        expected = max(MIN_EXPLORE_EVERY, -(-draft_ms // (EXPLORE_SHARE * c1)))
+        assert gaps == {int(expected)}, (c1, gaps)
+        assert draft_ms / (expected * c1) <= EXPLORE_SHARE or expected == MIN_EXPLORE_EVERY
