@@ -8,7 +8,7 @@ Layout, as transformers' generate lays out a left-padded batch (W = the longest 
 
     cache      [B, S]   prompt b in columns W - len_b .. W - 1, then one column a step
     valid      [B, S]   False for padding, True for every real token so far
-    positions  [B, W]   cumsum(valid) - 1: a prompt starts at position 0 whatever its padding
+    positions           a prompt starts at position 0 whatever its padding; a step feeds len_b + t
 
 Each prompt is prefilled alone (LeanModel.prefill_left_padded: a batched prefill would attend over
 the padding, most of the time when one prompt is long) into its row of the batch cache. Each step feeds every sequence's newest token at position last + 1. A sequence that has emitted a
@@ -34,12 +34,11 @@ def generate_batch(
     runner: a LeanModel (reset here, and left holding this batch)."""
     B, W = len(prompts), max(map(len, prompts))
     valid = torch.tensor([[False] * (W - len(p)) + [True] * len(p) for p in prompts])  # [B, W]
-    positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)  # [B, W]
     logits = runner.prefill_left_padded(prompts)  # [B, V]: each prompt alone, into the batch's cache
     answers: list[list[int]] = [[] for _ in prompts]
     finished = [False] * B
     stops = set(stop_ids)
-    last = positions[:, -1:]  # [B, 1]
+    last = torch.tensor([[len(p) - 1] for p in prompts])  # [B, 1]: each prompt's last position
     for step in range(max_new_tokens):
         if greedy:
             tokens = logits.argmax(-1)  # [B]

@@ -24,6 +24,18 @@ from .kv_cache import keep_positions, new_cache
 from .tree import TokenTree
 
 
+def tree_pass(tree: TokenTree, cached: int, nodes: list[int] | None, device):
+    """What a runner feeds for tree nodes `nodes` (default all) when its cache holds `cached`
+    positions, the nodes before nodes[0] last among them: (tokens [T], positions [T], mask
+    [1, 1, T, prefix + nodes[-1] + 1] bool), prefix = the committed tokens before the root."""
+    nodes = list(range(len(tree))) if nodes is None else nodes
+    prefix_len = cached - nodes[0]  # committed prefix; tree nodes [0, nodes[0]) follow it
+    positions = tree.position_ids(prefix_len, device)[nodes]  # [T]
+    full = tree.attention_mask(prefix_len, device)  # [1, 1, N, prefix + N]
+    mask = full[:, :, nodes, : prefix_len + nodes[-1] + 1]  # [1, 1, T, prefix + first + T]
+    return [tree.tokens[i] for i in nodes], positions, mask
+
+
 class CachedModel:
     def __init__(self, model) -> None:
         self.model = model
@@ -61,15 +73,10 @@ class CachedModel:
         With `nodes` a suffix of the tree (nodes[0] > 0), earlier nodes must already sit in the
         cache right after the committed prefix, in tree order (how drafters grow trees by depth).
         """
-        nodes = list(range(len(tree))) if nodes is None else nodes
-        first = nodes[0]
-        prefix_len = self.length - first  # committed prefix; tree nodes [0, first) follow it
-        ids = torch.tensor([[tree.tokens[i] for i in nodes]], dtype=torch.long, device=self.device)  # [1, T]
-        positions = tree.position_ids(prefix_len, self.device)[nodes][None]  # [1, T]
-        full = tree.attention_mask(prefix_len, self.device)  # [1, 1, N, prefix + N]
-        mask = full[:, :, nodes, : prefix_len + nodes[-1] + 1]  # [1, 1, T, prefix + first + T]
+        tokens, positions, mask = tree_pass(tree, self.length, nodes, self.device)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
         out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **{self.cache_arg: self.cache}
+            input_ids=ids, position_ids=positions[None], attention_mask=mask, use_cache=True, **{self.cache_arg: self.cache}
         )
         return out.logits[0].float()
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from ..kernels.exact_attention import exact_attention
 from ..kernels.hf_attention import EXACT_NAME
 from ..kernels.packed_4bit import pack_group
-from .cached_model import CachedModel
+from .cached_model import CachedModel, tree_pass
 from .tree import TokenTree
 
 MIN_CAPACITY = 256
@@ -173,12 +173,8 @@ class LeanModel:
     def forward_tree(self, tree: TokenTree, nodes: list[int] | None = None) -> torch.Tensor:
         """Append tree nodes (default all, in order) to the cache in one pass; logits [len(nodes), V].
         As CachedModel.forward_tree: with `nodes` a suffix, the earlier nodes are in the cache already."""
-        nodes = list(range(len(tree))) if nodes is None else nodes
-        prefix_len = self._length - nodes[0]
-        positions = tree.position_ids(prefix_len, self.device)[nodes][None]  # [1, T]
-        full = tree.attention_mask(prefix_len, self.device)  # [1, 1, N, prefix + N]
-        mask = full[:, :, nodes, : prefix_len + nodes[-1] + 1]  # [1, 1, T, prefix + first + T]
-        return self.run(torch.tensor([[tree.tokens[i] for i in nodes]]), positions, mask, False)[0]
+        tokens, positions, mask = tree_pass(tree, self._length, nodes, self.device)
+        return self.run(torch.tensor([tokens]), positions[None], mask, False)[0]
 
     @torch.inference_mode()
     def run(self, ids: torch.Tensor, positions: torch.Tensor, mask, last_only: bool = False) -> torch.Tensor:

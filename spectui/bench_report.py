@@ -63,6 +63,12 @@ class Run:
         """Wall time after the first token (the prefill's): the decoding alone; ours only."""
         return self.seconds - self.ttft_s if self.ttft_s is not None else None
 
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after it; None without a first-token time or a second token."""
+        decode = self.decode_s
+        return (len(self.tokens) - 1) / decode if decode and decode > 0 and len(self.tokens) > 1 else None
+
 
 @dataclass
 class PromptResult:
@@ -96,8 +102,8 @@ class PromptResult:
             cell = {"tokens_per_s": statistics.median(r.tokens_per_s for r in runs), "new_tokens": len(runs[0].tokens)}
             if runs[0].ttft_s is not None:
                 cell["ttft_ms"] = 1000 * runs[0].ttft_s
-                if len(runs[0].tokens) > 1 and runs[0].decode_s > 0:
-                    cell["decode_tokens_per_s"] = (len(runs[0].tokens) - 1) / runs[0].decode_s
+                if runs[0].decode_tokens_per_s is not None:
+                    cell["decode_tokens_per_s"] = runs[0].decode_tokens_per_s
             if name in SPEC_METHODS:
                 cell["speedup_vs_incremental"] = self.speedup(name, INCREMENTAL)
                 cell["mean_accepted"] = len(runs[0].tokens) / runs[0].steps if runs[0].steps else 0.0

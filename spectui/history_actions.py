@@ -31,7 +31,7 @@ class HistoryActions:
         if self.store is None or self.replay_cursor:
             return
         box = self.chat.query_one("#prompt")
-        self.push_screen(PromptSearchScreen(self.store.user_prompts()), lambda text: text and box.show(text))
+        self.push_screen(PromptSearchScreen(box.sent), lambda text: text and box.show(text))  # refreshed on every send
 
     # ---- acting on a streaming answer
     async def after_turn(self, action, doing: str) -> None:

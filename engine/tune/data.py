@@ -102,8 +102,8 @@ def answer_batch(verifier, prompts: list[list[int]], mode: str, cfg, stop_ids: l
                  runner=None) -> list[tuple[list[int], bool]]:
     """Left-padded batched generate -> per prompt (answer ids up to and including the stop token, finished).
 
-    runner: a LeanModel of the verifier (engine/batch_generate.py, about twice as fast as
-    transformers' generate here, greedy answers identical); None: transformers' generate."""
+    runner: a LeanModel of the verifier (engine/batch_generate.py: greedy answers identical to
+    transformers' generate, faster where prompts differ in length); None: transformers' generate."""
     if runner is not None:
         return generate_batch(runner, prompts, cfg.max_answer_tokens, stop_ids, greedy=mode == "greedy",
                               temperature=cfg.sample_temperature, top_p=cfg.sample_top_p)
