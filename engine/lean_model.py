@@ -243,6 +243,15 @@ class LeanModel:
             self.kv[..., first : len(positions), :] = self.kv.index_select(4, source)
         self._length = len(positions)
 
+    @torch.inference_mode()
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only these sequences of a batched cache, in this order (batch_generate drops finished ones)."""
+        L, two, _, Hkv, capacity, D = self.kv.shape
+        kv = torch.empty(L, two, len(rows), Hkv, capacity, D, dtype=self.kv.dtype)  # [L, 2, B', Hkv, capacity, D]
+        for j, row in enumerate(rows):
+            kv[:, :, j, :, : self._length] = self.kv[:, :, row, :, : self._length]
+        self.kv = kv
+
     def crop(self, length: int) -> None:
         """Drop everything after the first `length` positions."""
         self._length = min(self._length, max(length, 0))

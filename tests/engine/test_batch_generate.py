@@ -61,3 +61,16 @@ def test_sampled_batches_are_reproducible_draws(tiny_dirs):
                             generator=torch.Generator().manual_seed(seed)) for seed in (1, 1, 2)]
     assert draws[0] == draws[1] and draws[0] != draws[2]
     assert all(len(answer) == 8 for answer, _ in draws[0])
+
+
+def test_groups_and_finished_rows_leave_answers_unchanged(tiny_dirs):
+    model = tiny_verifier(tiny_dirs)
+    runner = LeanModel(model)
+    whole = generate_batch(runner, prompts(), Settings.max_answer_tokens, [0], groups=[[0, 1, 2, 3]])
+    split = generate_batch(runner, prompts(), Settings.max_answer_tokens, [0], groups=[[2, 0], [3, 1]])
+    assert split == whole  # each group decoded on its own, rows in any order
+    stops = [0] + [answer[2] for answer, _ in whole[:3]]  # three rows finish early: the cache drops them
+    ended = generate_batch(runner, prompts(), Settings.max_answer_tokens, stops, groups=[[0, 1, 2, 3]])
+    for (answer, done), (full, _) in zip(ended, whole):
+        assert answer == full[: len(answer)] and (done or len(answer) == Settings.max_answer_tokens)
+    assert sum(done for _, done in ended) >= 3 and ended[3][0] == whole[3][0][: len(ended[3][0])]
