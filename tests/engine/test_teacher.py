@@ -36,6 +36,20 @@ def test_batched_rows_equal_each_sequence_alone(verifier):
         assert torch.allclose(logp.float(), top.values, atol=2e-2)  # float16 storage
 
 
+@torch.no_grad()
+def test_lean_runner_gives_the_same_soft_targets(tiny_dirs):
+    from spectui.engine.lean_model import LeanModel
+    from spectui.kernels.hf_attention import register_tree_attention
+
+    nf4 = load_causal_lm(tiny_dirs["verifier"], "cpu", "nf4", register_tree_attention("exact"))  # as tune loads it
+    seqs = sequences(5, seed=2)
+    padded = teacher_topk(nf4, seqs, 4, batch_tokens=64)
+    lean = teacher_topk(nf4, seqs, 4, batch_tokens=64, runner=LeanModel(nf4))  # each sequence alone
+    for (ids, logp), (lean_ids, lean_logp) in zip(padded, lean):
+        assert lean_ids.shape == ids.shape and torch.equal(lean_ids[:, 0], ids[:, 0])
+        assert torch.allclose(lean_logp.float(), logp.float(), atol=2e-2)
+
+
 def test_cache_is_reused_and_refreshed_when_the_data_changes(verifier, tmp_path):
     seqs = sequences(PART + 3, seed=1)  # two parts
     lines = []
