@@ -5,6 +5,8 @@ one for base models), leaving room for `max_new_tokens` inside the context windo
 history does not fit, the oldest turns are dropped (the system prompt and the newest user turn
 stay) and a notice says so; when even that does not fit, ContextError explains.
 `chat_turn` drives one assistant turn and always keeps what was generated, even when stopped.
+A conversation that ends with the assistant's message is a continuation: that answer (cut at its
+token limit) is rendered open, without its end of turn, and the turn's text is appended to it.
 """
 
 from __future__ import annotations
@@ -39,17 +41,31 @@ class Conversation:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + [{"role": m.role, "content": m.content} for m in messages]
 
+    @property
+    def continues(self) -> bool:
+        """The last message is the assistant's: the turn continues it (an answer cut at its token limit)."""
+        return bool(self.messages) and self.messages[-1].role == "assistant"
+
+    def take_reply(self, text: str) -> None:
+        """Keep a turn's reply: the assistant's new message, or the continued answer's next part."""
+        if self.continues:
+            self.messages[-1].content += text
+        else:
+            self.add("assistant", text)
+
     def prompt_ids(self, tokenizer, context_window: int, max_new_tokens: int, chat_template: str | None = None):
-        """-> (token ids, notice or None). The last message must be the user's."""
+        """-> (token ids, notice or None). The last message is the user's (a new answer follows) or the
+        assistant's (rendered open, without its end of turn, so the answer goes on where it stopped)."""
         budget = context_window - max_new_tokens
         kept = list(self.messages)
         while True:
-            ids = encode_chat(tokenizer, self.rendered(kept), chat_template)
+            ids = encode_chat(tokenizer, self.rendered(kept), chat_template, self.continues)
             if len(ids) <= budget:
                 break
-            if len(kept) <= 1:
+            if len(kept) <= 1 + self.continues:
+                what = "the answer to continue and its question need" if self.continues else "the message needs"
                 raise ContextError(
-                    f"the message needs {len(ids)} tokens but only {max(budget, 0)} fit the context window "
+                    f"{what} {len(ids)} tokens but only {max(budget, 0)} fit the context window "
                     f"({context_window} tokens, {max_new_tokens} kept for the answer)"
                 )
             kept = kept[2:] if len(kept) > 2 and kept[0].role == "user" and kept[1].role == "assistant" else kept[1:]
@@ -63,9 +79,12 @@ class Conversation:
         return ids, notice
 
 
-def encode_chat(tokenizer, messages: list[dict], chat_template: str | None = None) -> list[int]:
+def encode_chat(tokenizer, messages: list[dict], chat_template: str | None = None, continue_final: bool = False) -> list[int]:
+    """The template's rendering, ending with the assistant's header (a new answer) or, continue_final,
+    inside the last (assistant) message, after its text."""
     encoded = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, chat_template=chat_template, tokenize=True
+        messages, add_generation_prompt=not continue_final, continue_final_message=continue_final,
+        chat_template=chat_template, tokenize=True,
     )
     if hasattr(encoded, "keys"):  # a BatchEncoding
         encoded = encoded["input_ids"]
@@ -77,7 +96,8 @@ def encode_chat(tokenizer, messages: list[dict], chat_template: str | None = Non
 def chat_turn(
     engine, models, conversation: Conversation, settings: GenerationSettings, stop: threading.Event | None = None
 ) -> Iterator[StepEvent]:
-    """One assistant turn for the conversation's last user message; the reply is appended to it."""
+    """One assistant turn for the conversation's last user message, the reply appended to it as the
+    assistant's; or, when the last message is the assistant's, that answer continued in place."""
     ids, notice = conversation.prompt_ids(
         models.tokenizer, models.context_window, settings.max_new_tokens, models.chat_template
     )
@@ -89,4 +109,4 @@ def chat_turn(
             reply.append(event.new_text)
             yield event
     finally:
-        conversation.add("assistant", "".join(reply))
+        conversation.take_reply("".join(reply))

@@ -191,7 +191,8 @@ class EngineWorker:
 
     def chat(self, conversation: Conversation, settings: GenerationSettings) -> Iterator[StepEvent]:
         """One assistant turn, like engine.chat.chat_turn; the (partial) reply is added to the conversation
-        however the turn ends: done, failed, engine gone, or the caller stopped reading.
+        (or to its last answer, when the turn continues that) however the turn ends: done, failed, engine
+        gone, or the caller stopped reading.
 
         Raises WorkerError after the last event when the turn failed in the engine, EngineDied
         when the engine process went away."""
@@ -218,7 +219,7 @@ class EngineWorker:
                 else:
                     self._drop(message)
         finally:
-            conversation.add("assistant", "".join(streamed))
+            conversation.take_reply("".join(streamed))
             if not finished and self.dead is None:
                 self._send(Stop(turn))  # abandoned: its late replies will be dropped as stale
         if error:

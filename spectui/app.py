@@ -10,11 +10,13 @@ one notice says what happened and ctrl+e (or ctrl+p → Restart engine) starts a
 (`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the recorded StepEvents through
 the same StepArrived path (replay_actions.py). History lives in
 SQLite (store.py): the user message is saved when sent, the (possibly partial) answer with its
-token origins when the turn ends; conversation commands are in history_actions.py.
+token origins when the turn ends; conversation commands are in history_actions.py, a focused
+message's (copy, edit & resend, regenerate, continue) in message_actions.py.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
@@ -25,9 +27,10 @@ from textual.screen import Screen
 from . import paths
 from .config import GENERATION, Config, ConfigError, load_config, save_config
 from .documents import DocumentError, expand_file_commands
-from .engine import prepare_engine_process
+from .engine import GenerationSettings, prepare_engine_process
 from .engine_link import EngineLink
 from .history_actions import HistoryActions
+from .message_actions import MessageActions
 from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 from .replay import ReplayCursor
 from .replay_actions import ReplayActions
@@ -46,9 +49,11 @@ class Turn:
 
     record_id: int
     speculators: list[str]
+    extends: int | None = None  # the saved answer this turn continues (its message id)
+    first_piece: int = 0  # where this turn's (piece, origin) entries start in the answer block
 
 
-class SpecTuiApp(HistoryActions, ReplayActions, App):
+class SpecTuiApp(HistoryActions, MessageActions, ReplayActions, App):
     TITLE = "spectui"
     CSS_PATH = STYLESHEET
 
@@ -204,36 +209,51 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
         await self.send(text)
 
     async def send(self, text: str) -> None:
+        settings = self.turn_settings()
+        if settings is None:
+            return  # the message box keeps the text
+        if self.edit_target is not None:
+            await self.fork_for_edit()  # an edited earlier message goes to a copy of its chat
+        await self.answer(text, settings)
+
+    def turn_settings(self) -> GenerationSettings | None:
+        """The settings of a turn the engine can take now; else None, and one notice says why not."""
         if self.generating:
             self.notify("still answering — Esc stops", severity="warning")
-            return
+            return None
         if self.engine is None:
             reason = {"failed": f"loading failed: {self.load_error}", "dead": "the engine process stopped (ctrl+e restarts it)",
                       "starting": "the model is still loading"}.get(self.link.state, "no model")
             self.notify(f"cannot answer yet: {reason}", severity="error")
-            return
+            return None
         try:
-            settings = replace(self.config.settings(self.seed), detail=True)  # the app shows the tree
+            return replace(self.config.settings(self.seed), detail=True)  # the app shows the tree
         except ValueError as exc:
             self.notify(str(exc), severity="error")
-            return
+            return None
+
+    async def answer(self, text: str | None, settings: GenerationSettings, extends: int | None = None) -> None:
+        """A turn: the answer to a new message `text`, or (None) the saved answer `extends` going on."""
         speculators = list(self.info.speculators) if settings.speculate else []
-        history = await self.begin_answer(text, speculators, settings.greedy, self.info.quant)
+        history = await self.begin_answer(text, speculators, settings.greedy, self.info.quant, extends)
         self.link.begin_turn(self.record, history, text, settings, speculators)
 
-    async def begin_answer(self, text: str, speculators: list[str], greedy: bool, quant: str) -> list:
-        """Save the user's message and open the answer it gets; -> the conversation before it."""
+    async def begin_answer(self, text: str | None, speculators: list[str], greedy: bool, quant: str,
+                           extends: int | None = None) -> list:
+        """Save the user's message and open the answer it gets (or reopen the answer that goes on);
+        -> the conversation the engine answers."""
         if self.record is None:
             self.record = self.store.create(system=self.system_override)
-        if self.record.title == "New chat":
+        if text is not None and self.record.title == "New chat":
             self.record.title = self.sub_title = text.splitlines()[0][:48]
             self.store.rename(self.record.id, self.record.title)
         history = self.store.messages(self.record.id)
-        self.store.add_message(self.record.id, "user", text)
-        self.chat.query_one("#prompt").clear()
-        self.refresh_prompt_history()
-        self.turn = Turn(self.record.id, speculators)
-        await self.chat.begin_turn(text, speculators, greedy, quant)
+        if text is not None:
+            self.store.add_message(self.record.id, "user", text)
+            self.chat.query_one("#prompt").clear()
+            self.refresh_prompt_history()
+        await self.chat.begin_turn(text, speculators, greedy, quant, time.time())
+        self.turn = Turn(self.record.id, speculators, extends, len(self.chat.answer.pieces))
         self.chat.set_notice(None)
         self.generating = True
         self.chat.status.state = "answering… (Esc stops)"
@@ -250,13 +270,16 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
     async def on_turn_finished(self, message: TurnFinished) -> None:
         """The turn ended however it ended: save what streamed, with its token origins, then say why."""
         chat, turn = self.chat, self.turn
-        pieces = list(chat.answer.pieces) if chat.answer is not None else []
+        pieces = list(chat.answer.pieces)[turn.first_piece:] if chat.answer is not None and turn else []
         await chat.end_turn(message.stop_reason or ("failed" if message.error else None))
         self.generating, self.turn = False, None
         if message.reply and self.store and turn:
             if "".join(piece for piece, _ in pieces) != message.reply:
                 pieces = []  # the origins must describe exactly the saved text, or none is kept
-            self.store.add_message(turn.record_id, "assistant", message.reply, pieces, turn.speculators)
+            if turn.extends is not None:
+                self.store.extend_message(turn.extends, message.reply, pieces)
+            else:
+                self.store.add_message(turn.record_id, "assistant", message.reply, pieces, turn.speculators)
         if message.engine_died:
             self.engine_gone(message.error, " What it streamed is saved." if message.reply else "")
         elif message.error:
@@ -273,6 +296,10 @@ class SpecTuiApp(HistoryActions, ReplayActions, App):
         elif self.generating and self.engine is not None:
             self.link.stop()
             self.chat.status.state = "stopping…"
+        elif self.cancel_edit():
+            self.notify("edit cancelled: a message sent now starts no copy")
+        elif self.focused_message() is not None:
+            self.chat.query_one("#prompt").focus()  # from a selected message back to the message box
 
     def action_next_step(self) -> None:
         if self.replay_cursor:

@@ -103,12 +103,15 @@ class EngineLink:
         self.app.run_worker(lambda: self._turn(record, history, text, settings, ssms), thread=True,
                             exclusive=True, group="generate")
 
-    def _turn(self, record, history, text: str, settings, ssms: list[str]) -> None:
+    def _turn(self, record, history, text: str | None, settings, ssms: list[str]) -> None:
+        """text: the user's new message; None: the last answer in `history` goes on."""
         conversation = Conversation(system=record.system)
         for message in history:
             if message.content:
                 conversation.add(message.role, message.content)
-        conversation.add("user", text)
+        if text is not None:
+            conversation.add("user", text)
+        before = conversation.messages[-1].content if conversation.continues else ""
         last, error, died = None, None, False
         try:
             with contextlib.ExitStack() as stack:
@@ -118,7 +121,8 @@ class EngineLink:
                     info = self.info
                     run = RunInfo(
                         model=info.model, ssms=ssms, device=info.device, quant=info.quant,
-                        attention_backend=info.attention_backend, prompt=text, system=record.system,
+                        attention_backend=info.attention_backend, system=record.system,
+                        prompt=text if text is not None else "(continue)",
                         temperature=settings.temperature, top_p=settings.top_p,
                         tree_shape=settings.tree_shape if settings.auto else list(settings.tree_shape),
                         max_new_tokens=settings.max_new_tokens, merge=settings.merge,
@@ -133,7 +137,7 @@ class EngineLink:
         except Exception as exc:  # noqa: BLE001 - shown in the app; the partial answer is kept
             error = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}".splitlines()[0]
         finally:
-            reply = conversation.messages[-1].content if conversation.messages[-1].role == "assistant" else ""
+            reply = conversation.messages[-1].content[len(before):] if conversation.continues else ""  # this turn's text
             self.generating = False
             reason = last.stop_reason if last is not None else None
             self.app.post_message(TurnFinished(reply, reason, error, died))

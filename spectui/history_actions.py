@@ -51,6 +51,7 @@ class HistoryActions:
 
     # ---- conversations
     async def open_conversation(self, conversation_id: int) -> None:
+        self.cancel_edit()  # an edit waiting in the message box belonged to the conversation left
         self.record = self.store.get(conversation_id)
         self.store.set_last(conversation_id)
         names = self.info.speculators if self.info else []

@@ -63,6 +63,8 @@ class StoredMessage:
     content: str
     origins: list[tuple[str, str]] = field(default_factory=list)  # (text piece, origin) per token
     speculators: list[str] = field(default_factory=list)  # the answer's speculators, in order (SSM 1, SSM 2, ...)
+    created: float = 0.0  # when it was saved (time.time())
+    id: int = 0
 
 
 @dataclass
@@ -274,9 +276,37 @@ class Store:
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute(
-            "SELECT role, content, origins, speculators FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            "SELECT role, content, origins, speculators, created, id FROM messages WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
         )
-        return [StoredMessage(role, content, _pieces(origins), _names(names)) for role, content, origins, names in rows]
+        return [StoredMessage(role, content, _pieces(origins), _names(names), created, row_id)
+                for role, content, origins, names, created, row_id in rows]
+
+    def extend_message(self, message_id: int, text: str, origins=None) -> None:
+        """Append a continuation to a saved answer; its origins are kept only if both parts have them."""
+        row = self.db.execute("SELECT conversation_id, content, origins FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            return
+        conversation_id, content, old = row
+        pieces = _pieces(old) + list(origins or []) if old and origins else None
+        with _transaction(self.db) as db:
+            db.execute("UPDATE messages SET content = ?, origins = ? WHERE id = ?",
+                       (content + text, json.dumps(pieces) if pieces else None, message_id))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
+
+    def fork(self, conversation_id: int, keep: int, title: str) -> ConversationRecord:
+        """A new conversation holding copies of another's first `keep` messages (the original is not
+        touched): where an edited message is resent or an answer regenerated."""
+        source = self.get(conversation_id)
+        record = self.create(title, source.system if source else None)
+        with _transaction(self.db) as db:
+            for m in self.messages(conversation_id)[:keep]:
+                db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, origins, speculators, created) VALUES (?, ?, ?, ?, ?, ?)",
+                    (record.id, m.role, m.content, json.dumps(m.origins) if m.origins else None,
+                     json.dumps(m.speculators) if m.speculators else None, m.created),
+                )
+        return record
 
     # the conversation that reopens at start
     def user_prompts(self, limit: int = 500) -> list[str]:

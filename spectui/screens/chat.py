@@ -54,6 +54,8 @@ class ChatScreen(Screen):
         Binding("f8", "browse(1)", "step ▶", show=False, priority=True),
         Binding("f9", "app.copy_answer", "Copy", show=False),
         Binding("ctrl+t", "toggle_panel", "Panel"),
+        Binding("alt+up", "select_message(-1)", "Messages", show=False, priority=True),
+        Binding("alt+down", "select_message(1)", "Messages", show=False, priority=True),
         Binding("ctrl+n", "app.new_conversation", "New chat", show=False),
         Binding("ctrl+r", "app.search_prompts", "Search prompts", show=False),
         Binding("ctrl+e", "app.restart_engine", "Restart engine", show=False, priority=True),  # after the engine process stopped
@@ -75,7 +77,7 @@ class ChatScreen(Screen):
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
             with Vertical(id="left"):
-                yield ConversationView(id="conversation")
+                yield ConversationView(id="conversation", welcome=not self.replay)
                 yield Static("", id="notice")
                 if self.replay:
                     yield Static("", id="replay-bar")
@@ -110,17 +112,24 @@ class ChatScreen(Screen):
         self.answer = None
         for message in messages:
             if message.role == "user":
-                await view.add_user(message.content)
+                await view.add_user(message.content, message.created)
             elif message.role == "assistant":  # numbered by the speculators that drafted it, when saved
-                await view.add_answer(message.content, message.origins, message.speculators or ssm_names)
+                await view.add_answer(message.content, message.origins, message.speculators or ssm_names,
+                                      created=message.created)
         self.query_one(TokenTreeView).reset()
         self.query_one(AcceptancePanel).reset()
 
-    async def begin_turn(self, prompt: str, ssm_names: list[str], greedy: bool, quant: str) -> None:
+    async def begin_turn(self, prompt: str | None, ssm_names: list[str], greedy: bool, quant: str,
+                         created: float | None = None) -> None:
+        """A new answer to `prompt` (None: the last answer goes on; `created`: when, None in replays)."""
         view = self.query_one(ConversationView)
         self.ssm_names = list(ssm_names)
-        await view.add_user(prompt)
-        self.answer = await view.add_answer(ssm_names=ssm_names, live=True)
+        if prompt is None and view.blocks and isinstance(view.blocks[-1], AnswerBlock):
+            self.answer = view.blocks[-1]
+            await self.answer.resume()
+        else:
+            await view.add_user(prompt, created)
+            self.answer = await view.add_answer(ssm_names=ssm_names, live=True, created=created)
         self.query_one(TokenTreeView).reset(greedy)
         panel = self.query_one(AcceptancePanel)
         panel.quant = quant
@@ -172,11 +181,11 @@ class ChatScreen(Screen):
         self.query_one(TokenTreeView).sync()
         self.query_one(AcceptancePanel).sync()
 
-    async def end_turn(self, note: str | None = None) -> None:
+    async def end_turn(self, stop_reason: str | None = None) -> None:
         self.dirty = self.panels_dirty = True
         await self.flush()
         if self.answer is not None:
-            await self.answer.finish(note)
+            await self.answer.finish(stop_reason, can_continue=not self.replay)
             self.answer = None
 
     def last_answer(self) -> str | None:
@@ -214,6 +223,12 @@ class ChatScreen(Screen):
         view.recolour()
         view.show_legend()
 
+    def action_select_message(self, delta: int) -> None:
+        """alt+up / alt+down: the message above or below the focused one (from the box: the last one);
+        below the last message, back to the message box."""
+        if not self.query_one(ConversationView).select(delta, self.focused) and delta > 0 and not self.replay:
+            self.query_one(PromptInput).focus()
+
     def action_browse(self, delta: int) -> None:
         self.query_one(TokenTreeView).action_browse(delta)
 
@@ -231,7 +246,7 @@ class ReplayScreen(ChatScreen):
 
     BINDINGS = [
         Binding("space", "app.replay_toggle", "Play/pause"),
-        Binding("n", "app.next_step", "Step"),
+        Binding("n", "app.next_step", "Step", priority=True),  # before a focused answer's n (continue)
         Binding("plus,equals_sign", "app.replay_speed(2.0)", "Faster"),
         Binding("minus", "app.replay_speed(0.5)", "Slower"),
     ]

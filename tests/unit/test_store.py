@@ -256,3 +256,36 @@ def test_conversation_dates_read_like_a_chat_client():
     assert when(dt.datetime(2026, 11, 24, 23, 59).timestamp(), now) == "yesterday 23:59"
     assert when(dt.datetime(2026, 3, 2, 18, 40).timestamp(), now) == "2 Mar 18:40"
     assert when(dt.datetime(2025, 11, 3, 8, 0).timestamp(), now) == "3 Nov 2025"
+
+
+def test_a_fork_copies_the_first_messages_and_leaves_the_original(tmp_path):
+    store = Store(tmp_path / "h.sqlite3")
+    source = store.create("rivers", system="be brief")
+    store.add_message(source.id, "user", "Name a river.")
+    store.add_message(source.id, "assistant", "Rhine.", [["Rhine", "ssm"], [".", "verifier"]], ["a"])
+    store.add_message(source.id, "user", "Another?")
+    before = store.messages(source.id)
+    fork = store.fork(source.id, 2, "rivers · edited")
+    copied = store.messages(fork.id)
+    assert fork.title == "rivers · edited" and store.get(fork.id).system == "be brief"
+    assert [(m.role, m.content, m.origins, m.speculators, m.created) for m in copied] == [
+        (m.role, m.content, m.origins, m.speculators, m.created) for m in before[:2]]
+    assert {m.id for m in copied}.isdisjoint(m.id for m in before)
+    assert store.messages(source.id) == before
+
+
+def test_a_continued_answer_grows_in_place_with_origins_only_when_both_parts_have_them(tmp_path):
+    store = Store(tmp_path / "h.sqlite3")
+    chat = store.create("c")
+    store.add_message(chat.id, "user", "Count.")
+    store.add_message(chat.id, "assistant", "one", [["one", "ssm"]])
+    answer = store.messages(chat.id)[1]
+    store.extend_message(answer.id, " two", [[" two", "verifier"]])
+    assert store.messages(chat.id)[1].content == "one two"
+    assert store.messages(chat.id)[1].origins == [("one", "ssm"), (" two", "verifier")]
+    store.extend_message(answer.id, " three")  # no origins for this part: none describe the whole
+    grown = store.messages(chat.id)
+    assert len(grown) == 2 and grown[1].id == answer.id
+    assert grown[1].content == "one two three" and grown[1].origins == []
+    store.extend_message(10_000, "lost?")  # a message that is not there: nothing happens
+    assert store.messages(chat.id) == grown
