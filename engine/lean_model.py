@@ -143,6 +143,8 @@ class LeanModel:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.kv = None  # [L, 2, B, Hkv, capacity, D] float64, allocated at first use
         self._length = 0
+        self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
+        self.hidden: torch.Tensor | None = None  # [B, T, H]
 
     @property
     def length(self) -> int:
@@ -200,7 +202,11 @@ class LeanModel:
             gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [BT, I] each
             h = h + layer.down(F.silu(gate) * up).view(B, T, -1)
         self._length = S
-        h = rms_norm(h[:, -1:] if last_only else h, self.norm)  # [B, T or 1, H]
+        if self.keep_hidden:  # every row's final hidden state, for a feature drafter (feature_drafter.py)
+            self.hidden = rms_norm(h, self.norm)  # [B, T, H]
+            h = self.hidden[:, -1:] if last_only else self.hidden
+        else:
+            h = rms_norm(h[:, -1:] if last_only else h, self.norm)  # [B, T or 1, H]
         return self.head(h.reshape(-1, h.shape[-1])).float().view(B, h.shape[1], -1)  # [B, T or 1, V]
 
     @torch.inference_mode()

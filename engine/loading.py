@@ -12,7 +12,6 @@ share the verifier's vocabulary.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -24,6 +23,8 @@ import torch
 
 from ..kernels.guarded_head import install_guarded_head
 from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
+from .cache_health import discard_entry, entry_problem, hub_cache, in_model_cache, mark_entry  # noqa: F401 (part of this module's API)
+from .feature_head import FeatureHead, is_feature_head
 from .presets import BUNDLED, EMBEDDED, Preset, hub_revision
 
 QUANTS = ("nf4", "fp4", "int8", "none")
@@ -107,10 +108,6 @@ def download_from_hub(repo_id: str, revision: str | None, hub_dir: Path) -> Path
         raise ModelLoadError(f"cannot download {repo_id} from the model hub: {reason}") from None
 
 
-def hub_cache(models_dir: Path) -> Path:
-    return Path(models_dir) / "hub"
-
-
 def hub_cache_problem(repo_id: str, models_dir: Path) -> str | None:
     """None when the pinned (else main) snapshot of repo_id is cached and passes `entry_problem`."""
     from huggingface_hub import try_to_load_from_cache
@@ -137,45 +134,6 @@ def fetch_hub(repo_id: str, models_dir: Path, progress: Progress | None = None) 
     info = {"source": f"hub:{repo_id}", "revision": commit, "requested_revision": revision or "main"}
     mark_entry(folder, info, models_dir)
     return folder
-
-
-def in_model_cache(folder: Path, models_dir: Path) -> bool:
-    return Path(folder).resolve().is_relative_to(Path(models_dir).resolve())
-
-
-def entry_problem(folder: Path, models_dir: Path) -> str | None:
-    """Why a model-cache entry is damaged (None: it is sound, or it is not in the cache, so not ours).
-
-    With a marker: sizes and fingerprints (embedded.marker_problem); without one (cached by an older
-    spectui, or by huggingface_hub itself): config.json, JSON files and safetensors lengths."""
-    from .embedded import CACHE_MARKER, marker_problem, read_marker
-
-    if not in_model_cache(folder, models_dir):
-        return None
-    if not Path(folder).is_dir():
-        return "it is missing"
-    return marker_problem(Path(folder), read_marker(Path(folder) / CACHE_MARKER) or {})
-
-
-def mark_entry(folder: Path, info: dict, models_dir: Path) -> None:
-    """Write the marker of a sound cache entry that has none (a read-only cache is left as it is)."""
-    from .embedded import CACHE_MARKER, read_marker, write_cache_marker
-
-    if in_model_cache(folder, models_dir) and "files" not in (read_marker(folder / CACHE_MARKER) or {}):
-        with contextlib.suppress(OSError):
-            write_cache_marker(folder, CACHE_MARKER, info)
-
-
-def discard_entry(folder: Path, models_dir: Path) -> bool:
-    """Delete a damaged cache entry (a hub snapshot: its whole repo folder, blobs included); False when
-    folder is not inside the model cache, so not spectui's to delete."""
-    target, hub = Path(folder).resolve(), hub_cache(models_dir).resolve()
-    if target.parent.name == "snapshots" and target.parent.parent.parent == hub:
-        target = target.parent.parent
-    if not in_model_cache(target, models_dir) or target == hub:
-        return False
-    shutil.rmtree(target, ignore_errors=True)
-    return True
 
 
 def locate(source: str, models_dir: Path | None = None, progress: Progress | None = None) -> Path:
@@ -302,6 +260,21 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
     return model.eval()
 
 
+def load_feature_head(name: str, folder: Path, verifier, device: str):
+    """A feature drafter's head (feature_head.py), given the verifier's embedding and output rows."""
+    try:
+        head = FeatureHead.load(folder, drafter_dtype(device))
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"cannot load feature head {name} from {folder}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    config = verifier.config
+    if head.config.hidden != config.hidden_size or int(head.vocab_ids.max()) >= config.vocab_size:
+        raise ModelLoadError(
+            f"feature head {name} was made for another verifier (hidden size {head.config.hidden}, "
+            f"the verifier's {config.hidden_size})", usage=True)
+    head.attach(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight)
+    return head
+
+
 def check_vocabulary(name: str, ssm, ssm_folder: Path, verifier, tokenizer) -> None:
     """Refuse an SSM whose vocabulary differs from the verifier's (token ids would mean other things)."""
     from transformers import AutoTokenizer
@@ -353,6 +326,9 @@ def load_models(
         ssm_folder = locate(source, models_dir, progress)
         name = source_name(source)
         note(f"loading SSM {name}", None)
+        if is_feature_head(ssm_folder):
+            ssms.append((name, load_feature_head(name, ssm_folder, verifier, device)))
+            continue
         ssm = load_drafter(ssm_folder, device)
         check_vocabulary(name, ssm, ssm_folder, verifier, tokenizer)
         ssms.append((name, ssm))
@@ -394,7 +370,12 @@ def build_engine(models: LoadedModels, ngram: bool | None = None):
     from .drafters import ModelDrafter, NGramDrafter
     from .speculative import SpeculativeEngine
 
-    drafters = [ModelDrafter(name, model) for name, model in models.ssms]
+    from .feature_drafter import FeatureDrafter
+    from .lean_model import supports
+
+    # a feature head reads the verifier's hidden states, which the LeanModel path keeps (CPU)
+    drafters = [FeatureDrafter(name, model) if isinstance(model, FeatureHead) else ModelDrafter(name, model)
+                for name, model in models.ssms if not isinstance(model, FeatureHead) or supports(models.verifier)]
     if models.preset.ngram if ngram is None else ngram:
         drafters.append(NGramDrafter())
     return SpeculativeEngine(

@@ -133,7 +133,10 @@ class SpeculativeEngine:
         decoder = IncrementalDecoder(self.tokenizer)
 
         self.prefilled = len(committed) - kept
+        readers = [d for d in drafters if getattr(d, "wants_features", False)]  # feature drafters (feature_drafter.py)
+        self.verifier.keep_hidden = bool(readers)
         logits = self.verifier.forward_chain(committed[kept:], last_only=True)  # [1, V]
+        self.share_features(readers, kept, list(range(len(committed) - kept)))
         first = self.pick_token(logits, settings, generator)
         result = StepResult(TokenTree.with_root(committed[-1]), [], first, 0.0, (time.perf_counter() - start) * 1000)
         step = 0
@@ -156,6 +159,17 @@ class SpeculativeEngine:
             step += 1
             start = time.perf_counter()
             result = self.speculate_step(committed, drafters, settings, generator)
+            self.share_features(readers, len(committed) - 1, [0, *result.accepted])
+
+    def share_features(self, readers, first: int, rows: list[int]) -> None:
+        """Hand feature drafters the verifier's final hidden states of the committed tokens its last
+        pass computed: rows of that pass (of the tree: root, then the accepted nodes) for positions
+        first, first + 1, ..."""
+        if readers:
+            hidden = self.verifier.hidden[0]  # [T, H]
+            taken = hidden[rows] if len(rows) < len(hidden) else hidden
+            for drafter in readers:
+                drafter.take_features(first, taken)
 
     def remember_acceptance(self, path) -> bool:
         """Start from the acceptance model saved at `path` (if any) and save it there after every answer."""

@@ -134,7 +134,8 @@ class Bench:
         }
         self.max_new_tokens = max_new_tokens
         self.stop_ids = models.stop_token_ids()
-        named = max(models.ssms, key=lambda pair: pair[1].num_parameters(), default=None)
+        causal = [pair for pair in models.ssms if hasattr(pair[1], "num_parameters")]  # assisted generation takes an LM, not a feature head
+        named = max(causal, key=lambda pair: pair[1].num_parameters(), default=None)
         self.assistant_name, self.assistant = named if named else (None, None)
         if self.assistant is not None:  # transformers reads these from the assistant's own config
             self.assistant.generation_config.num_assistant_tokens_schedule = ASSISTANT_SCHEDULE

@@ -15,6 +15,8 @@ import torch
 
 from spectui.engine.chat import encode_chat
 from spectui.engine.drafters import ModelDrafter, NGramDrafter
+from spectui.engine.feature_drafter import FeatureDrafter
+from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig
 from spectui.engine.loading import load_causal_lm
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.speculative import SpeculativeEngine
@@ -59,6 +61,15 @@ def run(engine, ids, shape, speculate=True, merge="union", pipeline=False):
     return tokens, events[-1], events
 
 
+def random_feature_drafter(nf4):
+    """A FeatureHead with random weights (engine/feature_head.py) on the verifier's features: rejections."""
+    torch.manual_seed(0)
+    head = FeatureHead(FeatureHeadConfig.for_verifier(nf4.config, draft_vocab=512))
+    head.vocab_ids.copy_(torch.arange(512))
+    head.attach(nf4.get_input_embeddings().weight, nf4.get_output_embeddings().weight)
+    return FeatureDrafter("feature", head.eval())
+
+
 def two_ssms_and_ngram(fp32, bad, nf4):
     return [ModelDrafter("bad", bad), ModelDrafter("self", fp32), NGramDrafter()]
 
@@ -79,6 +90,10 @@ CONFIGS = {
     "auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),
     "auto:perfect+ngram": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32), NGramDrafter()], "auto", "union"),
     "auto-vote:two-ssms+ngram": (two_ssms_and_ngram, "auto", "vote"),
+    # a feature drafter (EAGLE): reads the verifier's hidden states, handed over after every pass
+    "feature": (lambda fp32, bad, nf4: [random_feature_drafter(nf4)], (2, 2, 1), "union"),
+    "auto:feature+ssm+ngram": (lambda fp32, bad, nf4: [random_feature_drafter(nf4), ModelDrafter("self", fp32), NGramDrafter()],
+                               "auto", "union"),
     # pipelined drafting (engine/pipeline.py): the SSM drafts ahead while the verifier runs
     "pipe:perfect-deep": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1), "union"),
     "pipe-auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),

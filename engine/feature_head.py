@@ -1,0 +1,151 @@
+"""FeatureHead: a drafter that reads the verifier's own features (EAGLE, Li et al. 2024).
+
+An independent small model must guess the verifier's next token from the text alone. The verifier
+has already computed far more: its final hidden state f_t after every accepted token, from which
+its next token is argmax(W f_t) (W its output layer). EAGLE observes that the sequence of these
+features is easy to continue: one decoder layer, given f_{t-1} and the embedding of the token x_t
+that came after it, predicts f_t; the verifier's own output layer turns that into a draft token,
+and the predicted feature feeds the next draft step.
+
+    u_t   = W_fc [e(x_t) ; f_{t-1}] + b_fc                      [T, 2H] -> [T, H]
+    f^_t  = DecoderLayer(u_{<=t}, positions)                    [T, H]   (causal attention, RoPE)
+    q_t   = softmax(W_draft f^_t)                               [T, Vd]
+
+W_draft is the rows of the verifier's output layer for the Vd tokens the head may draft (the ones
+the verifier emits most often, FR-Spec): the full layer (49,152 x 576 here) would cost more than
+the rest of the head, and the saved head keeps only their ids. The verifier's embedding e is
+borrowed likewise. The head's own parameters are W_fc and the layer: about 4 M for H = 576.
+
+Training (engine/tune/feature_train.py): on the verifier's features over real text (teacher-forced,
+engine/tune/features.py), L = smooth_l1(f^_t, f_t) + cls_weight * CE(q_t, p_t), with p_t the
+verifier's top-K distribution at t restricted to the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_FILE = "feature_head.json"
+WEIGHTS_FILE = "feature_head.safetensors"
+
+
+@dataclass
+class FeatureHeadConfig:
+    hidden: int = 576  # the verifier's hidden size
+    heads: int = 9
+    kv_heads: int = 3
+    head_dim: int = 64
+    intermediate: int = 1536
+    rope_theta: float = 100_000.0
+    rms_eps: float = 1e-5
+    draft_vocab: int = 8192  # tokens the head can draft
+
+    @classmethod
+    def for_verifier(cls, config, draft_vocab: int = 8192) -> "FeatureHeadConfig":
+        rope = (getattr(config, "rope_parameters", None) or {}).get("rope_theta") or getattr(config, "rope_theta", 10_000.0)
+        heads = config.num_attention_heads
+        return cls(hidden=config.hidden_size, heads=heads, kv_heads=config.num_key_value_heads,
+                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   intermediate=config.intermediate_size, rope_theta=float(rope),
+                   rms_eps=float(config.rms_norm_eps), draft_vocab=draft_vocab)
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T] -> cos, sin [B, 1, T, D] (LLaMA's rotary: frequencies theta^(-2i/D), halves rotated)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [D/2]
+    angles = positions[..., None].float() * inv  # [B, T, D/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class FeatureHead(nn.Module):
+    def __init__(self, config: FeatureHeadConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        H, D = c.hidden, c.head_dim
+        self.fc = nn.Linear(2 * H, H)
+        self.norm_in = nn.Parameter(torch.ones(H))
+        self.qkv = nn.Linear(H, (c.heads + 2 * c.kv_heads) * D, bias=False)
+        self.o = nn.Linear(c.heads * D, H, bias=False)
+        self.norm_post = nn.Parameter(torch.ones(H))
+        self.gate_up = nn.Linear(H, 2 * c.intermediate, bias=False)
+        self.down = nn.Linear(c.intermediate, H, bias=False)
+        # borrowed from the verifier, not saved: its embedding and its output rows for the draft vocabulary
+        self.register_buffer("vocab_ids", torch.zeros(c.draft_vocab, dtype=torch.long), persistent=True)
+        self.embed: torch.Tensor | None = None  # [V, H]
+        self.draft_rows: torch.Tensor | None = None  # [Vd, H]
+
+    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, dtype=None) -> None:
+        """Borrow the verifier's embedding [V, H] and its output layer's rows for vocab_ids ([Vd, H])."""
+        dtype = dtype or self.fc.weight.dtype
+        self.embed = embed_weight.detach().to(dtype)
+        self.draft_rows = head_weight.detach()[self.vocab_ids].to(dtype)
+
+    def layer(self, u: torch.Tensor, positions: torch.Tensor, past: tuple | None, mask) -> tuple[torch.Tensor, tuple]:
+        """u [B, T, H] -> (f^ [B, T, H], (keys, values) [B, Hkv, S, D] with the past first)."""
+        c = self.config
+        B, T, _ = u.shape
+        Hq, Hkv, D = c.heads, c.kv_heads, c.head_dim
+        x = rms(u, self.norm_in, c.rms_eps)
+        q, k, v = self.qkv(x).view(B, T, Hq + 2 * Hkv, D).transpose(1, 2).split([Hq, Hkv, Hkv], dim=1)
+        cos, sin = rope(positions, D, c.rope_theta, u.dtype)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if mask is None and T > 1:
+            S = k.shape[2]
+            mask = torch.ones(T, S, dtype=torch.bool, device=u.device).tril_(S - T)[None, None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, Hq, T, D]
+        h = u + self.o(out.transpose(1, 2).reshape(B, T, Hq * D))
+        gate, up = self.gate_up(rms(h, self.norm_post, c.rms_eps)).chunk(2, dim=-1)
+        return h + self.down(F.silu(gate) * up), (k, v)
+
+    def forward(self, tokens: torch.Tensor, prev_features: torch.Tensor, positions: torch.Tensor,
+                past: tuple | None = None, mask=None) -> tuple[torch.Tensor, tuple]:
+        """tokens [B, T] (x_t), prev_features [B, T, H] (f_{t-1}), positions [B, T] -> (f^_t [B, T, H], cache)."""
+        u = self.fc(torch.cat([self.embed[tokens], prev_features.to(self.fc.weight.dtype)], dim=-1))
+        return self.layer(u, positions, past, mask)
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """f^ [..., H] -> logits over the draft vocabulary [..., Vd] (index with vocab_ids for token ids)."""
+        return features @ self.draft_rows.T
+
+    # ------------------------------------------------------------------ files
+    def save(self, folder: Path, info: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(torch.bfloat16) if v.is_floating_point() else v for k, v in self.state_dict().items()}
+        (folder / CONFIG_FILE).write_text(json.dumps({"feature_head": asdict(self.config), **(info or {})}, indent=1))
+        save_file(state, str(folder / WEIGHTS_FILE))
+
+    @classmethod
+    def load(cls, folder: Path, dtype=torch.float32) -> "FeatureHead":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        config = FeatureHeadConfig(**json.loads((folder / CONFIG_FILE).read_text())["feature_head"])
+        head = cls(config)
+        head.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+        return head.to(dtype).eval()
+
+
+def is_feature_head(folder: Path) -> bool:
+    return (Path(folder) / CONFIG_FILE).exists()

@@ -1,0 +1,74 @@
+"""The verifier's own features over training text: what a feature drafter (EAGLE) learns from.
+
+A feature drafter (engine/feature_head.py) predicts the verifier's next final hidden state from its
+current one and the next token's embedding, and reads the draft token off the verifier's own output
+layer. Its training data is therefore the verifier's state sequence over real text: for every
+sequence (prompt + answer ids, as the engine renders them), one teacher-forced pass gives, at every
+position t,
+
+    hidden[t]    the verifier's final normed hidden state after token t     [L, H]  bfloat16
+    top_ids[t]   its K most likely next tokens                              [L, K]  int32
+    top_logp[t]  their log-probabilities (full-vocabulary softmax)          [L, K]  float16
+
+The drafter models the verifier's dynamics (state, token) -> next state, not the text, so prompt
+positions are data as good as answer positions; both are kept, with `answer_start` marking where
+the verifier's own words begin. One file per answer shard (OUT/features/part-NNNNN.safetensors),
+written to a temp file and renamed, so a file that exists is complete and a resumed run skips it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .teacher import top_rows
+
+K = 4  # verifier tokens kept per position
+
+
+def features_path(out: Path, index: int) -> Path:
+    return Path(out) / "features" / f"part-{index:05d}.safetensors"
+
+
+@torch.inference_mode()
+def feature_pass(runner, ids: list[int], k: int = K) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (hidden [L, H] bf16, top_ids [L, k] int32, top_logp [L, k] fp16) of the verifier over `ids`.
+
+    runner: a LeanModel of the verifier (it keeps the final hidden states of its last run)."""
+    runner.reset()
+    runner.keep_hidden = True
+    logits = runner.forward_chain(list(ids))  # [L, V]
+    hidden = runner.hidden[0].to(torch.bfloat16)  # [L, H]
+    top_ids, top_logp = top_rows(logits, k)
+    runner.reset()
+    return hidden, top_ids, top_logp
+
+
+def write_features(path: Path, examples, runner, k: int = K) -> int:
+    """One file for a shard of Examples (prompt_ids + answer_ids each): their concatenated rows and
+    the bounds of each sequence. -> positions written."""
+    hidden, top_ids, top_logp, ids, starts, answer_starts = [], [], [], [], [0], []
+    for example in examples:
+        seq = list(example.prompt_ids) + list(example.answer_ids)
+        h, t, lp = feature_pass(runner, seq, k)
+        hidden.append(h), top_ids.append(t), top_logp.append(lp)
+        ids.append(torch.tensor(seq, dtype=torch.int32))
+        answer_starts.append(starts[-1] + len(example.prompt_ids))
+        starts.append(starts[-1] + len(seq))
+    tensors = {
+        "hidden": torch.cat(hidden), "top_ids": torch.cat(top_ids), "top_logp": torch.cat(top_logp),
+        "ids": torch.cat(ids), "starts": torch.tensor(starts, dtype=torch.int64),
+        "answer_starts": torch.tensor(answer_starts, dtype=torch.int64),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+    return starts[-1]
+
+
+def read_features(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))

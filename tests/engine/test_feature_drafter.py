@@ -1,0 +1,106 @@
+"""FeatureDrafter: its cached, tree-shaped drafting computes what the head computes on plain chains.
+
+A random FeatureHead over random features and tokens (no verifier needed): the root's predicted
+feature after catch-up, and a drafted node's, must equal the head's own causal forward over the
+equivalent chain (the drafted node fed with its parent's predicted feature); a drafter that caught
+up step by step (features arriving after each step, drafted slots dropped) must hold the same cache
+as a fresh one. Saving and loading keep the head's outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectui.engine.feature_drafter import FeatureDrafter
+from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig, is_feature_head
+from spectui.engine.tree import TokenTree
+
+V, H = 1000, 64
+CONFIG = FeatureHeadConfig(hidden=H, heads=4, kv_heads=2, head_dim=16, intermediate=128, rope_theta=10_000.0,
+                           draft_vocab=300)
+
+
+@pytest.fixture()
+def head():
+    torch.manual_seed(0)
+    head = FeatureHead(CONFIG)
+    head.vocab_ids.copy_(torch.randperm(V)[: CONFIG.draft_vocab].sort().values)
+    head.attach(torch.randn(V, H), torch.randn(V, H) * 3)
+    return head.eval()
+
+
+def chain_features(head, tokens, prev):
+    """The head's causal forward over positions 1 .. len(tokens): inputs x_p, prev[p - 1] -> f^ [T, H]."""
+    positions = torch.arange(1, len(tokens) + 1)[None]
+    with torch.no_grad():
+        out, _ = head(torch.tensor([tokens]), prev[None], positions)
+    return out[0]
+
+
+def test_root_and_drafted_node_match_the_causal_forward(head):
+    torch.manual_seed(1)
+    committed = torch.randint(0, V, (20,)).tolist()  # x_0 .. x_19: x_19 is the root
+    feats = torch.randn(19, H)  # f_0 .. f_18
+    drafter = FeatureDrafter("feature", head)
+    drafter.take_features(0, feats)
+    tree = TokenTree.with_root(committed[-1])
+    children = drafter.begin(committed, tree, 0, 2)
+    reference = chain_features(head, committed[1:], feats)  # positions 1 .. 19
+    assert torch.allclose(drafter.own_feature[0], reference[-1], atol=1e-5)
+    grandchildren = drafter.expand(tree, 0, children, 2)
+    for child in children:  # fed as (its token, the root's f^) at position 20
+        chained = chain_features(head, committed[1:] + [tree.tokens[child]], torch.cat([feats, reference[-1:]]))
+        assert torch.allclose(drafter.own_feature[child], chained[-1], atol=1e-5)
+    assert len(grandchildren) == 4 and all(tree.depths[g] == 2 for g in grandchildren)
+    # the top-1 child is the draft vocabulary's argmax of the root's f^
+    best = int(head.vocab_ids[head.draft_logits(reference[-1]).argmax()])
+    assert tree.tokens[children[0]] == best
+    drafter.finish()
+    assert drafter.used == drafter.fed == 19
+
+
+def test_step_by_step_cache_equals_a_fresh_one(head):
+    torch.manual_seed(2)
+    committed = torch.randint(0, V, (12,)).tolist()
+    feats = torch.randn(40, H)
+    stepped = FeatureDrafter("a", head)
+    stepped.take_features(0, feats[:11])
+    for extra in ([5, 6], [7], [8, 9, 10]):  # a step accepts some tokens, then the verifier's features arrive
+        tree = TokenTree.with_root(committed[-1])
+        stepped.expand(tree, 0, stepped.begin(committed, tree, 0, 3), 1)
+        stepped.finish()
+        first = len(committed) - 1  # the root's position: features for root + accepted nodes
+        committed = committed + extra
+        stepped.take_features(first, feats[first : len(committed) - 1])
+    fresh = FeatureDrafter("b", head)
+    fresh.take_features(0, feats[: len(committed) - 1])
+    assert torch.allclose(stepped.catch_up(committed), fresh.catch_up(committed), atol=1e-5)
+    assert torch.allclose(stepped.kv[:, :, :, : stepped.fed], fresh.kv[:, :, :, : fresh.fed], atol=1e-5)
+
+
+def test_rewind_keeps_the_shared_prefix(head):
+    torch.manual_seed(3)
+    committed = torch.randint(0, V, (15,)).tolist()
+    feats = torch.randn(30, H)
+    drafter = FeatureDrafter("a", head)
+    drafter.take_features(0, feats[:14])
+    drafter.catch_up(committed)
+    new_prompt = committed[:9] + [1, 2, 3]
+    drafter.rewind(new_prompt)
+    assert drafter.known == 9 and drafter.fed == 8
+    drafter.take_features(9, feats[9:11])  # the new turn's prefill gives positions 9 .. 10
+    fresh = FeatureDrafter("b", head)
+    fresh.take_features(0, torch.cat([feats[:9], feats[9:11]]))
+    assert torch.allclose(drafter.catch_up(new_prompt), fresh.catch_up(new_prompt), atol=1e-5)
+
+
+def test_save_and_load_keep_the_outputs(head, tmp_path):
+    head.save(tmp_path / "fh", {"note": "test"})
+    assert is_feature_head(tmp_path / "fh") and not is_feature_head(tmp_path)
+    loaded = FeatureHead.load(tmp_path / "fh")
+    loaded.attach(head.embed, torch.zeros(V, H).index_copy_(0, head.vocab_ids, head.draft_rows))
+    assert torch.equal(loaded.vocab_ids, head.vocab_ids)
+    tokens, prev = torch.randint(0, V, (6,)).tolist(), torch.randn(6, H)
+    # bf16 on disk: equal to the bf16-rounded head's outputs, close to the original's
+    assert torch.allclose(chain_features(loaded, tokens, prev), chain_features(head, tokens, prev), atol=0.1)
