@@ -90,9 +90,12 @@ class FeatureHead(nn.Module):
         self.register_buffer("vocab_ids", torch.zeros(c.draft_vocab, dtype=torch.long), persistent=True)
         self.embed: torch.Tensor | None = None  # [V, H]
         self.draft_rows: torch.Tensor | None = None  # [Vd, H]
+        object.__setattr__(self, "verifier", None)
 
-    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, dtype=None) -> None:
-        """Borrow the verifier's embedding [V, H] and its output layer's rows for vocab_ids ([Vd, H])."""
+    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, dtype=None, verifier=None) -> None:
+        """Borrow the verifier's embedding [V, H] and its output layer's rows for vocab_ids ([Vd, H]);
+        `verifier` (kept outside the module's parameters) is what evaluation reads features from."""
+        object.__setattr__(self, "verifier", verifier)
         dtype = dtype or self.fc.weight.dtype
         self.embed = embed_weight.detach().to(dtype)
         self.draft_rows = head_weight.detach()[self.vocab_ids].to(dtype)

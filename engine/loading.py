@@ -271,7 +271,7 @@ def load_feature_head(name: str, folder: Path, verifier, device: str):
         raise ModelLoadError(
             f"feature head {name} was made for another verifier (hidden size {head.config.hidden}, "
             f"the verifier's {config.hidden_size})", usage=True)
-    head.attach(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight)
+    head.attach(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight, verifier=verifier)
     return head
 
 

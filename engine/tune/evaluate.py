@@ -21,9 +21,34 @@ from .train import LOGIT_CHUNK, Sequence, collate, make_batches
 
 
 @torch.no_grad()
+def predict_topk_features(head, seqs: list[Sequence], k: int, tick: Callable[[int], None] = lambda n: None) -> list[torch.Tensor]:
+    """A feature head (engine/feature_head.py), teacher-forced as it drafts a first level: at position
+    t >= 1 it reads the token x_t and the verifier's feature f_{t-1} (one verifier pass per sequence)
+    -> per sequence its top-k tokens at each target position [len(targets), k]."""
+    from ..lean_model import LeanModel
+
+    runner = LeanModel(head.verifier)
+    runner.keep_hidden = True
+    out = []
+    for seq in seqs:
+        runner.reset()
+        runner.forward_chain(seq.ids, last_only=True)
+        features = runner.hidden[0]  # [L, H]
+        L = len(seq.ids)
+        predicted, _ = head(torch.tensor([seq.ids[1:]]), features[None, : L - 1], torch.arange(1, L)[None])  # [1, L-1, H]
+        top = head.vocab_ids[torch.topk(head.draft_logits(predicted[0]).float(), k, dim=-1).indices]  # position t = row t-1
+        out.append(top[max(seq.start - 1, 0) : L - 2] if seq.start >= 1 else torch.cat([top[:1], top[: L - 2]]))
+        tick(L)
+    runner.reset()
+    return out
+
+
+@torch.no_grad()
 def predict_topk(model, seqs: list[Sequence], k: int, batch_tokens: int = 4096,
                  tick: Callable[[int], None] = lambda n: None) -> list[torch.Tensor]:
     """-> per sequence the SSM's top-k tokens at each target position: [len(targets), k] (best first)."""
+    if getattr(model, "verifier", None) is not None:  # a feature head: it reads the verifier's features
+        return predict_topk_features(model, seqs, k, tick)
     device = next(model.parameters()).device
     out: list[torch.Tensor | None] = [None] * len(seqs)
     for group in make_batches(seqs, batch_tokens):

@@ -104,3 +104,33 @@ def test_save_and_load_keep_the_outputs(head, tmp_path):
     tokens, prev = torch.randint(0, V, (6,)).tolist(), torch.randn(6, H)
     # bf16 on disk: equal to the bf16-rounded head's outputs, close to the original's
     assert torch.allclose(chain_features(loaded, tokens, prev), chain_features(head, tokens, prev), atol=0.1)
+
+
+def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models):
+    """`spectui tune-eval` measures a feature head teacher-forced (engine/tune/evaluate.py): its top-k at
+    each answer position must be the children the FeatureDrafter hangs under the root there, with the
+    features the engine hands it (the verifier's, from its own passes)."""
+    from spectui.engine.lean_model import LeanModel
+    from spectui.engine.tune.evaluate import predict_topk
+    from spectui.engine.tune.train import Sequence
+
+    verifier = embedded_models.verifier
+    torch.manual_seed(4)
+    head = FeatureHead(FeatureHeadConfig.for_verifier(verifier.config, draft_vocab=512))
+    head.vocab_ids.copy_(torch.arange(512))
+    head.attach(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight, verifier=verifier)
+    head.eval()
+    ids = torch.randint(0, 512, (24,)).tolist()
+    seq = Sequence(ids, start=15, mode="greedy")
+    (top,) = predict_topk(head, [seq], k=3)
+    assert top.shape == (len(seq.targets), 3)
+    runner = LeanModel(verifier)
+    runner.keep_hidden = True
+    for t in (15, 19, 22):  # the head's guesses for ids[t + 1], made at position t
+        runner.reset()
+        runner.forward_chain(ids[:t], last_only=True)  # the verifier's features f_0 .. f_{t-1}
+        drafter = FeatureDrafter("feature", head)
+        drafter.take_features(0, runner.hidden[0])
+        tree = TokenTree.with_root(ids[t])
+        children = drafter.begin(ids[: t + 1], tree, 0, 3)
+        assert [tree.tokens[c] for c in children] == top[t - seq.start].tolist()
