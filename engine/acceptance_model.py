@@ -68,7 +68,9 @@ class Cell:
     prior: float
     hits: float = 0.0
     trials: float = 0.0
-    predicted_sum: float = 0.0  # sum of the predictions made for the observed trials
+    predicted_sum: float = 0.0  # sum of the predictions made for the trials observed in this process
+    seen: int = 0  # trials observed in this process (the loaded ones were predicted by another)
+    seen_hits: int = 0
 
     @property
     def mean(self) -> float:
@@ -100,6 +102,8 @@ class AcceptanceModel:
         for speculator, conf_bin in evidence.items():
             cell = self.cell(speculator, depth, conf_bin)
             cell.predicted_sum += cell.mean
+            cell.seen += 1
+            cell.seen_hits += accepted
             cell.trials += 1
             cell.hits += accepted
 
@@ -113,19 +117,21 @@ class AcceptanceModel:
         return (hits + PRIOR_WEIGHT * fallback) / (trials + PRIOR_WEIGHT)
 
     def calibration(self) -> list[dict]:
-        """Per observed cell: speculator, depth bucket, confidence bin, trials, mean predicted, observed."""
+        """Per cell observed in this process: speculator, depth bucket, confidence bin, trials, the mean
+        prediction made before each of them, and how many were accepted (trials read back from a saved
+        model were predicted by an earlier process, so they are not counted here)."""
         rows = []
         for (speculator, bucket, conf_bin), cell in sorted(self.cells.items()):
-            if cell.trials == 0:
+            if cell.seen == 0:
                 continue
             rows.append({
                 "speculator": speculator,
                 "depth_from": DEPTH_BUCKETS[bucket],
                 "confidence": (f"q {conf_bin / PROB_BINS:.1f}-{(conf_bin + 1) / PROB_BINS:.1f}"
                                if self.kinds.get(speculator) != "ngram" else f"match {conf_bin}"),
-                "trials": int(cell.trials),
-                "predicted": round(cell.predicted_sum / cell.trials, 4),
-                "observed": round(cell.hits / cell.trials, 4),
+                "trials": cell.seen,
+                "predicted": round(cell.predicted_sum / cell.seen, 4),
+                "observed": round(cell.seen_hits / cell.seen, 4),
             })
         return rows
 

@@ -50,7 +50,9 @@ def describe(preset: Preset, models_dir: Path) -> dict:
 
 def describe_ssm(source: str) -> str:
     if source.startswith(BUNDLED):
-        return f"{source.removeprefix(BUNDLED)} (boost-tuned, shipped with spectui)"
+        name = source.removeprefix(BUNDLED)
+        kind = "feature head" if name.endswith("-feature") else "boost-tuned"  # ssms/README.md names them so
+        return f"{name} ({kind}, shipped with spectui)"
     return source
 
 

@@ -159,7 +159,7 @@ def bundled_folder(source: str) -> Path:
     from importlib.resources import files
 
     folder = Path(str(files("spectui.ssms"))) / source.removeprefix(BUNDLED)
-    if not (folder / "config.json").exists():
+    if not (folder / "config.json").exists() and not is_feature_head(folder):
         raise ModelLoadError(f"the bundled SSM {folder.name} is missing from this installation ({folder})")
     return folder
 

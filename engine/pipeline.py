@@ -64,9 +64,9 @@ class Prefetch:
 
 
 def start_prefetch(tree: TokenTree, committed: list[int], drafters, ran: list[str]) -> Prefetch | None:
-    """Prefetch for the first model drafter named in `ran` (the SSMs that drafted this step), if
-    the tree has a branch to follow."""
-    models = [d for d in drafters if d.kind == "model" and d.name in ran]
+    """Prefetch for the first SSM named in `ran` (those that drafted this step), if the tree has a
+    branch to follow. A feature drafter cannot: it needs the verifier's features of that branch."""
+    models = [d for d in drafters if d.kind == "model" and d.name in ran and hasattr(d, "prefetch")]
     path = likely_path(tree)
     if not models or not path:
         return None

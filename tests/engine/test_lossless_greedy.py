@@ -97,6 +97,8 @@ CONFIGS = {
     # pipelined drafting (engine/pipeline.py): the SSM drafts ahead while the verifier runs
     "pipe:perfect-deep": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1), "union"),
     "pipe-auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),
+    "pipe-auto:feature+ssm+ngram": (lambda fp32, bad, nf4: [random_feature_drafter(nf4), ModelDrafter("bad", bad), NGramDrafter()],
+                                    "auto", "union"),
 }
 
 

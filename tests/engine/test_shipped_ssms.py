@@ -1,4 +1,5 @@
-"""The boost-tuned SSMs shipped for the embedded default: in budget, loaded by the preset, lossless."""
+"""The speculators shipped for the embedded default (a feature head, a boost-tuned SSM): in budget, loaded by
+the preset, lossless."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ def test_shipped_ssms_fit_the_budget():
     assert len(folders) >= 2
     total = 0
     for folder in folders:
-        config = json.loads((folder / "config.json").read_text())
-        assert config["vocab_size"] == 49152 and config["tie_word_embeddings"] is True
+        if (folder / "feature_head.json").exists():  # a feature head (engine/feature_head.py) for the 576-wide verifier
+            config = json.loads((folder / "feature_head.json").read_text())["feature_head"]
+            assert config["hidden"] == 576 and config["draft_vocab"] == 8192
+        else:
+            config = json.loads((folder / "config.json").read_text())
+            assert config["vocab_size"] == 49152 and config["tie_word_embeddings"] is True
         total += sum(f.stat().st_size for f in folder.iterdir())
     assert total <= 40 * 2**20  # together at most 40 MB in the repository
     assert "spectui tune" in (SSMS / "README.md").read_text()  # how they were made

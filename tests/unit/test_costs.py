@@ -63,6 +63,20 @@ def test_acceptance_model_learns_and_reports_calibration():
     assert 0.25 < rows[("ssm", 1)]["predicted"] < 0.57  # predictions moved from the prior toward 25 %
 
 
+def test_calibration_after_a_reload_counts_only_this_process_predictions(tmp_path):
+    first = AcceptanceModel(kinds={"ngram": "ngram"})
+    for _ in range(60):
+        first.observe({"ngram": 8}, 1, True)
+    first.save(tmp_path / "acc.json")
+    second = AcceptanceModel(kinds={"ngram": "ngram"})
+    assert second.load(tmp_path / "acc.json") and second.calibration() == []  # nothing predicted here yet
+    for _ in range(10):
+        second.observe({"ngram": 8}, 1, True)
+    (row,) = second.calibration()
+    assert row["trials"] == 10 and row["observed"] == 1.0
+    assert row["predicted"] > 0.9  # the reloaded cell already predicted it; not diluted by the loaded trials
+
+
 def test_speedup_is_one_for_pure_steps_and_measured_otherwise():
     meter = SpeedupMeter()
     for ms in (50.0, 61.0, 47.0):
