@@ -100,8 +100,9 @@ def test_models_json_lists_presets(embedded_dir):
     presets = {p["name"]: p for p in json.loads(result.stdout)["presets"]}
     assert set(presets) == {"smollm2-135m", "llama-7b"}
     assert presets["smollm2-135m"]["cached"] is True
-    assert len(presets["smollm2-135m"]["ssms"]) == 3  # two shipped boost-tuned SSMs and the n-gram drafter
-    assert presets["smollm2-135m"]["ssms"][0].startswith("smollm2-boost-1")
+    assert len(presets["smollm2-135m"]["ssms"]) == 3  # the shipped feature head and SSM, and the n-gram drafter
+    assert presets["smollm2-135m"]["ssms"][0] == "smollm2-feature (feature head, shipped with spectui)"
+    assert presets["smollm2-135m"]["ssms"][1].startswith("smollm2-boost-1 (boost-tuned")
     assert presets["llama-7b"]["cached"] is False
     assert presets["llama-7b"]["verifier"] == "huggyllama/llama-7b"
     assert presets["llama-7b"]["ssms"][:2] == ["JackFram/llama-68m", "JackFram/llama-160m"]
