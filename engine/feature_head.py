@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .lean_model import rms_norm, rotate  # the verifier's own RMSNorm and rotary arithmetic
+
 CONFIG_FILE = "feature_head.json"
 WEIGHTS_FILE = "feature_head.safetensors"
 
@@ -56,22 +58,12 @@ class FeatureHeadConfig:
                    rms_eps=float(config.rms_norm_eps), draft_vocab=draft_vocab)
 
 
-def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
 def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, T] -> cos, sin [B, 1, T, D] (LLaMA's rotary: frequencies theta^(-2i/D), halves rotated)."""
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [D/2]
     angles = positions[..., None].float() * inv  # [B, T, D/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
     return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class FeatureHead(nn.Module):
@@ -105,7 +97,7 @@ class FeatureHead(nn.Module):
         c = self.config
         B, T, _ = u.shape
         Hq, Hkv, D = c.heads, c.kv_heads, c.head_dim
-        x = rms(u, self.norm_in, c.rms_eps)
+        x = rms_norm(u, (self.norm_in, c.rms_eps))
         q, k, v = self.qkv(x).view(B, T, Hq + 2 * Hkv, D).transpose(1, 2).split([Hq, Hkv, Hkv], dim=1)
         cos, sin = rope(positions, D, c.rope_theta, u.dtype)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -116,7 +108,7 @@ class FeatureHead(nn.Module):
             mask = torch.ones(T, S, dtype=torch.bool, device=u.device).tril_(S - T)[None, None]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, Hq, T, D]
         h = u + self.o(out.transpose(1, 2).reshape(B, T, Hq * D))
-        gate, up = self.gate_up(rms(h, self.norm_post, c.rms_eps)).chunk(2, dim=-1)
+        gate, up = self.gate_up(rms_norm(h, (self.norm_post, c.rms_eps))).chunk(2, dim=-1)
         return h + self.down(F.silu(gate) * up), (k, v)
 
     def forward(self, tokens: torch.Tensor, prev_features: torch.Tensor, positions: torch.Tensor,
