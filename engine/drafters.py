@@ -121,12 +121,21 @@ class ModelDrafter:
         self.runner.crop(self.synced)
 
     def _hang(self, tree: TokenTree, source: int, parents: list[int], logits: torch.Tensor, width: int) -> list[int]:
-        top = torch.topk(torch.softmax(logits, dim=-1), width, dim=-1)  # [F, width]
-        added = []
-        for row, parent in enumerate(parents):
-            for prob, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
-                added.append(tree.add(parent, token, source, prob, prob_bin(prob)))
-        return added
+        return hang_top(tree, source, parents, logits, width)
+
+
+def hang_top(tree: TokenTree, source: int, parents: list[int], logits: torch.Tensor, width: int,
+             vocab: torch.Tensor | None = None) -> list[int]:
+    """Hang each parent's top-`width` tokens of softmax(logits[row]) ([F, V']) under parents[row], with
+    their probability and confidence bin; `vocab` maps column j to its token id (default: j itself).
+    Returns the ids of the new candidates."""
+    top = torch.topk(torch.softmax(logits, dim=-1), width, dim=-1)  # [F, width]
+    tokens = top.indices if vocab is None else vocab[top.indices]  # [F, width] token ids
+    added = []
+    for row, parent in enumerate(parents):
+        for prob, token in zip(top.values[row].tolist(), tokens[row].tolist()):
+            added.append(tree.add(parent, token, source, prob, prob_bin(prob)))
+    return added
 
 
 class NGramDrafter:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .acceptance_model import prob_bin
+from .drafters import hang_top
 from .feature_head import FeatureHead
 from .tree import TokenTree
 
@@ -111,14 +112,7 @@ class FeatureDrafter:
 
     # ------------------------------------------------------------ drafting
     def _hang(self, tree: TokenTree, source: int, parents: list[int], features: torch.Tensor, width: int) -> list[int]:
-        probs = torch.softmax(self.head.draft_logits(features).float(), dim=-1)  # [F, Vd]
-        top = torch.topk(probs, width, dim=-1)
-        ids = self.head.vocab_ids[top.indices]  # [F, width] token ids
-        added = []
-        for row, parent in enumerate(parents):
-            for prob, token in zip(top.values[row].tolist(), ids[row].tolist()):
-                added.append(tree.add(parent, token, source, prob, prob_bin(prob)))
-        return added
+        return hang_top(tree, source, parents, self.head.draft_logits(features).float(), width, self.head.vocab_ids)  # [F, Vd]
 
     def begin(self, committed: list[int], tree: TokenTree, source: int, width: int) -> list[int]:
         root = self.catch_up(committed)  # [H]
