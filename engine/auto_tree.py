@@ -25,9 +25,10 @@ cheaper than the last) and the best J is kept.
 
 AutoDrafting decides what to draft:
 - the n-gram drafter costs nothing measurable: its matches (up to 2 chains of 12) always join;
-- an SSM runs only while it pays: `gain` is a moving average of the tokens accepted from its nodes
-  alone (no other speculator proposed them) per step it ran; it runs when gain * c_verify(1) (the
-  ms those tokens would cost incrementally) exceeds its drafting cost, and otherwise explores once
+- an SSM runs only while it pays: `gain` is a moving average of the accepted tokens credited to it
+  (`credited`: to the first SSM that drafted them, none if the n-gram drafter had them) per step it
+  ran; it runs when gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds its
+  drafting cost, and otherwise explores once
   it has been idle for n steps with n * c_verify(1) * EXPLORE_SHARE >= its drafting cost (at least
   MIN_EXPLORE_EVERY): exploring costs at most EXPLORE_SHARE of incremental time per SSM, however
   cheap a verify step is next to a draft, and a speculator that starts to agree (a copying phase,
@@ -103,6 +104,27 @@ def select_nodes(tree: TokenTree, values: list[float], verify_ms: Callable[[int]
 def named_evidence(tree: TokenTree, node: int, names: list[str]) -> dict[str, int]:
     """Node's {speculator name: confidence bin}, as the acceptance model keys it."""
     return {names[source]: conf_bin for source, conf_bin in tree.evidence[node].items()}
+
+
+def credited(tree: TokenTree, accepted: list[int], names: list[str], ran: list[str]) -> dict[str, int]:
+    """Accepted tokens credited to each SSM that ran: a token goes to the first SSM (in the engine's
+    order) whose draft held it, and to none if a free drafter (n-gram: not in `ran`) held it too.
+
+    Crediting only the tokens a speculator proposed alone would starve two SSMs that agree with each
+    other: each one's share of their common tokens would be zero, both would look useless and both
+    would stop, losing what either alone gives. Crediting in order makes the first SSM's gain what it
+    gives by itself and each later one's what it adds to those before it."""
+    order = [names.index(name) for name in ran]  # ran follows the engine's order of drafters
+    ran_bits = sum(1 << k for k in order)
+    counts = dict.fromkeys(ran, 0)
+    for i in accepted:
+        sources = tree.sources[i]
+        if sources & ~ran_bits:  # a free drafter proposed it as well
+            continue
+        first = next((k for k in order if sources >> k & 1), None)
+        if first is not None:
+            counts[names[first]] += 1
+    return counts
 
 
 @dataclass
@@ -181,8 +203,6 @@ class AutoDrafting:
         for i in range(1, len(tree)):
             if tree.parents[i] in reached:
                 self.acceptance.observe(named_evidence(tree, i, names), tree.depths[i], i in reached)
-        for name in ran:
-            bit = 1 << names.index(name)
-            alone = sum(1 for i in accepted if tree.sources[i] == bit)
+        for name, own in credited(tree, accepted, names, ran).items():
             gain = self.gain.get(name, GAIN_PRIOR)
-            self.gain[name] = gain + GAIN_EMA * (alone - gain)
+            self.gain[name] = gain + GAIN_EMA * (own - gain)

@@ -103,3 +103,20 @@ def test_an_ssm_that_does_not_pay_explores_within_its_time_share():
         expected = max(MIN_EXPLORE_EVERY, -(-draft_ms // (EXPLORE_SHARE * c1)))
         assert gaps == {int(expected)}, (c1, gaps)
         assert draft_ms / (expected * c1) <= EXPLORE_SHARE or expected == MIN_EXPLORE_EVERY
+
+
+def test_accepted_tokens_are_credited_to_the_first_ssm_that_drafted_them():
+    """Two SSMs that agree must not both look useless: a shared token goes to the first (engine
+    order), a token the free n-gram drafter also had goes to none, a token only the second had to it."""
+    from spectui.engine.auto_tree import credited
+    from spectui.engine.tree import TokenTree
+
+    names = ["feature", "boost", "ngram"]
+    tree = TokenTree.with_root(1)
+    shared = tree.add(0, 10, 0, 0.9)  # drafted by feature ...
+    tree.add(0, 10, 1, 0.8)  # ... and boost
+    copied = tree.add(shared, 11, 2, 1.0)  # the n-gram drafter's, boost's as well
+    tree.add(shared, 11, 1, 0.7)
+    own = tree.add(copied, 12, 1, 0.6)  # boost's alone
+    assert credited(tree, [shared, copied, own], names, ["feature", "boost"]) == {"feature": 1, "boost": 1}
+    assert credited(tree, [shared], names, ["boost", "feature"][::-1]) == {"feature": 1, "boost": 0}
