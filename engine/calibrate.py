@@ -42,6 +42,7 @@ def measure_costs(engine, grid=GRID, repeats: int = REPEATS, prefix: list[int] |
     began = time.perf_counter()
     prefix = prefix or synthetic_prefix(engine)
     verifier = engine.verifier
+    verifier.argmax_only = True  # as greedy decoding without display runs it (LeanModel.output)
     verifier.reset()
     engine.cached_ids = []
     verifier.forward_chain(prefix[:-1], last_only=True)

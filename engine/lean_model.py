@@ -44,7 +44,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from ..kernels.argmax_head import ArgmaxScreen, screen_supported
 from ..kernels.exact_attention import exact_attention
+from ..kernels.guarded_head import GuardedHead
 from ..kernels.hf_attention import EXACT_NAME
 from ..kernels.packed_4bit import pack_group
 from .cached_model import CachedModel, tree_pass
@@ -145,6 +147,8 @@ class LeanModel:
         self._length = 0
         self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
         self.hidden: torch.Tensor | None = None  # [B, T, H]
+        self.argmax_only = False  # logits only for their argmax: the bf16 screen (kernels/argmax_head.py)
+        self._screen: ArgmaxScreen | None = None
 
     @property
     def length(self) -> int:
@@ -207,7 +211,16 @@ class LeanModel:
             h = self.hidden[:, -1:] if last_only else self.hidden
         else:
             h = rms_norm(h[:, -1:] if last_only else h, self.norm)  # [B, T or 1, H]
-        return self.head(h.reshape(-1, h.shape[-1])).float().view(B, h.shape[1], -1)  # [B, T or 1, V]
+        return self.output(h.reshape(-1, h.shape[-1])).view(B, h.shape[1], -1)  # [B, T or 1, V]
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        """h [N, H] -> logits [N, V] fp32; argmax-only ones from the screen when `argmax_only` is set
+        and the screen applies (an exact verifier's GuardedHead on a CPU with AVX512-BF16)."""
+        if self.argmax_only and isinstance(self.head, GuardedHead) and screen_supported():
+            if self._screen is None:
+                self._screen = ArgmaxScreen(self.head)
+            return self._screen(h)
+        return self.head(h).float()
 
     @torch.inference_mode()
     def prefill_left_padded(self, prompts: list[list[int]]) -> torch.Tensor:

@@ -135,6 +135,7 @@ class SpeculativeEngine:
         self.prefilled = len(committed) - kept
         readers = [d for d in drafters if getattr(d, "wants_features", False)]  # feature drafters (feature_drafter.py)
         self.verifier.keep_hidden = bool(readers)
+        self.verifier.argmax_only = settings.greedy and not settings.detail  # LeanModel: the bf16 screen
         logits = self.verifier.forward_chain(committed[kept:], last_only=True)  # [1, V]
         self.share_features(readers, kept, list(range(len(committed) - kept)))
         first = self.pick_token(logits, settings, generator)

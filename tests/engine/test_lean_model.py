@@ -19,15 +19,20 @@ from spectui.engine.tree import TokenTree
 from spectui.kernels.hf_attention import register_tree_attention
 
 
-def same_passes(model, prompt: list[int]) -> int:
-    """Run both runners through one decode loop's passes; assert equal logits; return passes checked."""
+def same_passes(model, prompt: list[int], argmax_only: bool = False) -> int:
+    """Run both runners through one decode loop's passes; assert equal logits (equal argmaxes where
+    LeanModel runs `argmax_only`: kernels/argmax_head.py); return passes checked."""
     ref, lean = CachedModel(model), LeanModel(model)
+    lean.argmax_only = argmax_only
     checked = 0
 
     def both(call):
         nonlocal checked
         a, b = call(ref), call(lean)
-        assert a.shape == b.shape and torch.equal(a, b), f"pass {checked}: max diff {(a - b).abs().max()}"
+        if argmax_only:
+            assert a.shape == b.shape and torch.equal(a.argmax(-1), b.argmax(-1)), f"pass {checked}"
+        else:
+            assert a.shape == b.shape and torch.equal(a, b), f"pass {checked}: max diff {(a - b).abs().max()}"
         assert ref.length == lean.length
         checked += 1
         return a
@@ -62,6 +67,13 @@ def test_lean_passes_match_transformers_on_the_embedded_verifier(embedded_models
     assert supports(m.verifier)
     prompt = m.tokenizer.encode("The tide rises at dawn and the boats leave the harbour one by one. " * 12)[:160]
     assert same_passes(m.verifier, prompt) == 9
+
+
+def test_argmax_only_passes_pick_the_same_tokens_on_the_embedded_verifier(embedded_models):
+    """The bf16 screen (greedy decoding without display) argmaxes like transformers' fp32 head."""
+    m = embedded_models
+    prompt = m.tokenizer.encode("Rain fell on the old stone bridge while the market opened slowly. " * 12)[:160]
+    assert same_passes(m.verifier, prompt, argmax_only=True) == 9
 
 
 @pytest.mark.parametrize("quant", ["nf4", "none"])

@@ -1,0 +1,104 @@
+"""The verifier's greedy token from a bf16 screen of its output layer, exact against the fp32 head.
+
+Greedy decoding reads one thing from the output layer: the argmax of each row's logits. The fp32
+layer W [V, D] (49,152 x 576 for SmolLM2, 113 MB) costs 8.5 ms a row here, about 40 % of a
+one-token step, and reading it is most of that. With AVX512-BF16, a bf16 copy of W is read four
+to six times faster (1.3-2.2 ms for 1 to 8 rows). The bf16 logits are not the verifier's, but a
+rounding bound turns them into a short list of candidates that surely holds the verifier's
+argmax, and the candidates' fp32 logits decide among them (guarded_head.py's argument).
+
+For a row x (fp32), with W_hi = bf16(W), dW = W - W_hi, and x = x_hi + x_lo + x_r (x_hi = bf16(x),
+x_lo = bf16(x - x_hi), |x_r| <= 2^-16 |x| elementwise), the screen computes in one bf16 product
+
+    G = W_hi @ [x_hi, x_lo]^T      (fp32 accumulation, each column rounded to bf16)   [V, 2]
+    g = G[:, 0] + G[:, 1]
+
+and the exact logit s_v = w_v . x differs from g_v by at most
+
+    r_v = |dW_v| |x|                          W's rounding (Cauchy-Schwarz; |dW_v| kept from load)
+        + (2^-16 + 2 gamma_D) |W_v| |x|       x's residue and the fp32 accumulation
+        + 2^-7 (|G_v0| + |G_v1|)              the bf16 rounding of the product (2x the 2^-8 bound)
+        + 2^-20 |g_v| + 1e-30                 the fp32 sums here
+
+(gamma_D = D u / (1 - D u), u = 2^-24: Higham's bound for any summation order). The fp32 head's
+logit f_v (guarded_head.py's canonical product) is within eps_v = gamma_D |W_v| |x| of s_v, so its
+argmax a* satisfies s_a* >= max_v (g_v - r_v) - 2 eps_max =: L, and lies in
+
+    C = { v : g_v + r_v >= L }.
+
+For the candidates, fp32 logits h_v (any order) with per-token bounds e_v = gamma_D sum_i |w_vi x_i|
+decide: if the best candidate a beats every other by more than 2 (e_a + e_v), the canonical argmax
+is a. A row where that fails (a true near-tie, about 1 in 100) or where C is large is computed the
+canonical way.
+
+The rows returned are argmax-only: the candidates' fp32 logits, -inf elsewhere. Only greedy
+decoding that displays nothing may use them (LeanModel.argmax_only); sampling and display read
+the full head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+U32 = 2.0**-24  # unit roundoff of float32
+MAX_CANDIDATES = 256  # more than this (a flat row): the canonical product is as cheap
+
+
+def screen_supported() -> bool:
+    """The bf16 product is fast only where the CPU computes bf16 natively (AVX512-BF16)."""
+    return torch.cpu._is_avx512_bf16_supported()
+
+
+class ArgmaxScreen:
+    """Argmax-exact logits of `head` (a GuardedHead) for rows of hidden states."""
+
+    def __init__(self, head) -> None:
+        W = head.weight.detach()  # [V, D] fp32
+        V, D = W.shape
+        self.head = head
+        self.low = W.to(torch.bfloat16)  # [V, D]
+        wide = W.double()
+        self.rounding_norm = ((wide - self.low.double()).norm(dim=1) * (1 + 1e-6)).float()  # |dW_v| [V]
+        self.row_norm = (wide.norm(dim=1) * (1 + 1e-6)).float()  # |W_v| [V]
+        self.gamma = D * U32 / (1 - D * U32)
+        self.residue = 2.0**-16 + 2 * self.gamma
+        self.eps_per_norm = self.gamma * float(self.row_norm.max()) * (1 + 1e-3)
+        self.screened = 0  # rows decided from the screen
+        self.recomputed = 0  # rows computed the canonical way
+
+    @torch.inference_mode()
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., D] fp32 -> argmax-only logits [..., V] (see the module docstring)."""
+        lead = hidden.shape[:-1]
+        x = hidden.reshape(-1, hidden.shape[-1]).float()  # [M, D]
+        M = x.shape[0]
+        hi = x.to(torch.bfloat16)
+        lo = (x - hi.float()).to(torch.bfloat16)
+        G = (self.low @ torch.cat([hi, lo]).T).float()  # [V, 2M]: columns x_hi rows, then x_lo rows
+        g = G[:, :M] + G[:, M:]  # [V, M]
+        norms = x.norm(dim=-1) * (1 + 1e-5)  # [M]
+        r = ((self.rounding_norm + self.residue * self.row_norm)[:, None] * norms
+             + 2.0**-7 * (G[:, :M].abs() + G[:, M:].abs()) + 2.0**-20 * g.abs() + 1e-30)  # [V, M]
+        floor = (g - r).max(dim=0).values - 2 * self.eps_per_norm * norms  # [M]: L
+        inside = (g + r) >= floor  # [V, M]: C per row
+        out = torch.full((M, self.low.shape[0]), float("-inf"))
+        for row in range(M):
+            candidates = inside[:, row].nonzero().flatten()  # [C]
+            if len(candidates) <= MAX_CANDIDATES and self.decide(candidates, x[row], out[row]):
+                self.screened += 1
+            else:
+                out[row] = self.head.canonical(x[row])
+                self.recomputed += 1
+        return out.view(*lead, -1)
+
+    def decide(self, candidates: torch.Tensor, x: torch.Tensor, row: torch.Tensor) -> bool:
+        """Write the candidates' fp32 logits into `row` if they surely decide the canonical argmax."""
+        w = self.head.weight[candidates]  # [C, D]
+        h = w @ x  # [C]
+        e = self.gamma * (w.abs() @ x.abs()) * (1 + 1e-3)  # [C] per-token bounds
+        best = int(h.argmax())
+        others = torch.arange(len(candidates)) != best
+        if not bool((h[best] - h[others] > 2 * (e[best] + e[others])).all()):
+            return False
+        row[candidates] = h
+        return True

@@ -1,0 +1,52 @@
+"""The bf16 screen of the output layer (kernels/argmax_head.py) gives the fp32 head's argmax, always.
+
+Rows with planted near-ties must fall back to the canonical product; every other row is decided by
+its candidates; and the screen's error bound must hold with room to spare on rows like the
+verifier's (large norm, a few dominant logits)."""
+
+import pytest
+import torch
+
+from spectui.kernels.argmax_head import ArgmaxScreen, screen_supported
+from spectui.kernels.guarded_head import GuardedHead
+
+
+def head_and_rows(seed: int, V: int = 4096, D: int = 576, M: int = 24, ties: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    W = torch.nn.Parameter(torch.randn(V, D, generator=g) * 0.05, requires_grad=False)
+    X = torch.randn(M, D, generator=g) * 2
+    with torch.no_grad():
+        for r in range(0, M, 2):  # even rows: two tokens a and b lifted to the top, ...
+            a, b = (r * 37) % V, (r * 37 + 1) % V
+            if ties:  # ... scoring within ~1e-6 of each other
+                W[b] = W[a] + 1e-7 * torch.randn(D, generator=g)
+            X[r] += 20 * W[a] / W[a].norm()
+    return GuardedHead(W), X
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_screen_gives_the_canonical_argmax(seed):
+    head, X = head_and_rows(seed)
+    screen = ArgmaxScreen(head)
+    got = screen(X[None])[0]  # [M, V]
+    canonical = torch.stack([head.canonical(x) for x in X])  # the one-token way, row by row
+    assert torch.equal(got.argmax(-1), canonical.argmax(-1))
+    assert screen.recomputed >= 1  # planted ties went the canonical way ...
+    assert screen.screened >= X.shape[0] // 2  # ... the other rows were decided by their candidates
+    decided = torch.isfinite(got).sum(-1)  # [M]
+    assert (decided < 64).sum() >= X.shape[0] // 2  # few candidates where the screen decided
+
+
+def test_the_screens_error_bound_holds_with_room():
+    head, X = head_and_rows(7, ties=False)
+    screen = ArgmaxScreen(head)
+    hi = X.to(torch.bfloat16)
+    lo = (X - hi.float()).to(torch.bfloat16)
+    M = X.shape[0]
+    G = (screen.low @ torch.cat([hi, lo]).T).float()
+    g = G[:, :M] + G[:, M:]
+    exact = head.weight.double() @ X.double().T  # [V, M]
+    r = ((screen.rounding_norm + screen.residue * screen.row_norm)[:, None] * X.norm(dim=-1)
+         + 2.0**-7 * (G[:, :M].abs() + G[:, M:].abs()))
+    assert float(((g.double() - exact).abs() / r.double()).max()) < 0.6
+
