@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.argmax_head import ArgmaxScreen, screen_supported
-from ..kernels.exact_attention import exact_attention
+from ..kernels.exact_attention import exact_attention, prepare_mask
 from ..kernels.guarded_head import GuardedHead
 from ..kernels.hf_attention import EXACT_NAME
 from ..kernels.packed_4bit import pack_group
@@ -193,6 +193,8 @@ class LeanModel:
         cos, sin = self.rotary(h, positions)  # [B, T, D] each
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: every head
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        if mask is not None and self.exact:
+            mask = prepare_mask(mask, Hq, Hkv)  # once for all layers
         for index, layer in enumerate(self.layers):
             x = rms_norm(h, layer.norm_in).view(B * T, -1)
             qk, v = layer.qkv(x).split([(Hq + Hkv) * D, Hkv * D], dim=-1)  # [BT, (Hq+Hkv)*D], [BT, Hkv*D]

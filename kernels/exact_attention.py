@@ -28,9 +28,30 @@ to float64 costs O(S) per layer and step, a few ms per 1,000 prefix tokens on tw
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 PREFILL_CHUNK = 128  # queries per block of a causal prefill
+
+@dataclass(frozen=True)
+class PreparedMask:
+    """A mask in the layout the scores use, made once per forward rather than once per layer."""
+
+    blocked: torch.Tensor | None  # bool [B|1, Hkv|1, G|1, T, S]: True = may not attend
+    additive: torch.Tensor | None  # float64, same layout (an additive mask instead)
+    may_see_nothing: bool  # some row may attend to no key (left padding): check for NaN rows
+
+
+def prepare_mask(mask: torch.Tensor, Hq: int, Hkv: int) -> PreparedMask:
+    """bool (True = attend) or additive mask [B|1, 1|Hq, T, S] -> PreparedMask."""
+    G = Hq // Hkv
+    m = mask.reshape(mask.shape[0], -1, mask.shape[-2], mask.shape[-1])  # [B|1, 1|Hq, T, S]
+    m = m.reshape(m.shape[0], Hkv if m.shape[1] == Hq else 1, G if m.shape[1] == Hq else 1, *m.shape[-2:])
+    if m.dtype == torch.bool:
+        return PreparedMask(~m, None, not bool(m.any(-1).all()))
+    return PreparedMask(None, m.to(torch.float64), True)
+
 
 def exact_attention(
     query: torch.Tensor,
@@ -61,14 +82,13 @@ def exact_attention(
             j = torch.arange(S, device=query.device)[None, :]
             scores.masked_fill_(j > i, float("-inf"))
     else:
-        m = mask.reshape(mask.shape[0], -1, mask.shape[-2], mask.shape[-1])  # [B|1, 1|Hq, T, S]
-        m = m.reshape(m.shape[0], Hkv if m.shape[1] == Hq else 1, G if m.shape[1] == Hq else 1, T, S)
-        if m.dtype == torch.bool:
-            scores.masked_fill_(~m, float("-inf"))
+        prepared = mask if isinstance(mask, PreparedMask) else prepare_mask(mask, Hq, Hkv)
+        if prepared.blocked is not None:
+            scores.masked_fill_(prepared.blocked, float("-inf"))
         else:
-            scores.add_(m.to(torch.float64))
+            scores.add_(prepared.additive)
     probs = torch.softmax(scores, dim=-1)
-    if mask is not None and not bool((scores[..., :1] > float("-inf")).all()):
+    if mask is not None and prepared.may_see_nothing and not bool((scores[..., :1] > float("-inf")).all()):
         probs.nan_to_num_(0.0)  # a row that may see nothing (left padding in a batch) attends to nothing
     probs = probs.view(B, Hkv, G * T, S)
     out = probs @ v  # [B, Hkv, G*T, D]
