@@ -34,7 +34,10 @@ def default_out(model: str) -> Path:
 
 def tune(
     model: str = ModelOpt,
-    ssms: int = typer.Option(D.ssms, "--ssms", help="how many SSMs to boost-tune, one after the other"),
+    ssms: int = typer.Option(D.ssms, "--ssms", help="how many SSMs to boost-tune, one after the other (0: only --feature-head)"),
+    feature_head: bool = typer.Option(False, "--feature-head", help="also train a feature drafter (EAGLE) that reads the verifier's hidden states"),
+    feature_epochs: Optional[float] = knob("--feature-epochs", f"feature head training epochs (default {D.feature_epochs:g})"),
+    feature_vocab: Optional[int] = knob("--feature-vocab", f"tokens the feature head may draft (default {D.feature_vocab})"),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="prompts file (JSONL or one a line); default: Magpie"),
     tokens: Optional[int] = knob("--tokens", f"verifier answer tokens to generate (default {D.tokens}: about an hour)"),
     out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: <data dir>/tuned/<model>)"),
@@ -60,7 +63,8 @@ def tune(
     seed: int = typer.Option(D.seed, "--seed"),
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="keep ssm-K/checkpoint.pt after training"),
 ) -> None:
-    """Synthesise prompts, collect the verifier's answers and boost-tune SSMs on them (SpecInfer)."""
+    """Synthesise prompts, collect the verifier's answers and boost-tune SSMs on them (SpecInfer);
+    with --feature-head, also train a feature drafter (EAGLE) on the verifier's hidden states."""
     from dataclasses import replace
 
     from .engine import QUANTS, pick_device, resolve_model
@@ -74,8 +78,9 @@ def tune(
         pick_device(device)  # an unknown or unavailable --device: exit 2 here, not after OUT is written
         if not 0 <= seed <= MAX_TUNE_SEED:
             raise UsageFailure(f"--seed {seed}: must be an integer from 0 to {MAX_TUNE_SEED}")
-        if epochs is not None and not math.isfinite(epochs):
-            raise UsageFailure(f"--epochs {epochs}: must be a finite number")
+        for flag, value in (("--epochs", epochs), ("--feature-epochs", feature_epochs)):
+            if value is not None and not math.isfinite(value):
+                raise UsageFailure(f"{flag} {value}: must be a finite number")
         if prompts is not None:
             read_prompt_file(prompts)  # unreadable or empty: TuneConfigError (exit 2)
         preset = resolve_model(model)
@@ -83,7 +88,7 @@ def tune(
             tokens=tokens, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
             epochs=epochs, batch_size=batch_size, max_answer_tokens=max_answer_tokens, hit_weight=hit_weight,
             top_k=top_k, batch_tokens=batch_tokens, checkpoint_every=checkpoint_every, soft_weight=soft_weight,
-            teacher_k=teacher_k, prompt_weight=prompt_weight,
+            teacher_k=teacher_k, prompt_weight=prompt_weight, feature_epochs=feature_epochs, feature_vocab=feature_vocab,
         )
         overrides = {key: value for key, value in knobs.items() if value is not None}
         if batch_size is not None:
@@ -93,9 +98,10 @@ def tune(
         cfg = replace(
             TuneConfig(), out=out or default_out(preset.name), model=model, ssms=ssms, prompts_file=prompts,
             quant=quant, device=device, threads=threads, resume=resume, seed=seed, keep_checkpoints=keep_checkpoints,
+            feature_head=feature_head,
             **overrides,
         ).validate()
         report = run_tune(cfg, models_dir=paths.models_dir())  # logs the agreement lines itself
     folders = [entry["folder"] for entry in report["ssms"]]
-    typer.echo(f"SSMs in {report['out']}: " + ", ".join(Path(f).name for f in folders))
+    typer.echo(f"speculators in {report['out']}: " + ", ".join(Path(f).name for f in folders))
     typer.echo("use them with: spectui chat " + " ".join(f"--ssm {f}" for f in folders))

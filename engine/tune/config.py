@@ -76,12 +76,22 @@ class TuneConfig:
     prompt_weight: float = 0.0  # weight of the prompts' positions (soft targets only); 0: answers only
     autocast_bf16: bool = True  # bf16 autocast for the SSM's matmuls on CPU (fp32 master weights)
 
+    # the feature drafter (feature_stage.py): off unless --feature-head
+    feature_head: bool = False
+    feature_epochs: float = 3.0
+    feature_lr: float = 3e-3
+    feature_vocab: int = 8192  # tokens the head may draft: those the verifier ranks first most often
+    feature_prompt_weight: float = 0.5  # loss weight of prompt positions (answer positions weigh 1)
+
     # evaluation
     top_k: int = 3
 
     def validate(self) -> "TuneConfig":
         checks = [
-            (self.ssms >= 1, "--ssms must be at least 1"),
+            (self.ssms >= (0 if self.feature_head else 1), "--ssms must be at least 1 (0 with --feature-head)"),
+            (self.feature_epochs > 0 and self.feature_lr > 0, "--feature-epochs and the feature head's lr must be positive"),
+            (self.feature_vocab >= 16, "--feature-vocab must be at least 16"),
+            (0 <= self.feature_prompt_weight <= 1, "the feature head's prompt weight must be in [0, 1]"),
             (self.tokens >= 1, "--tokens must be at least 1"),
             (self.threads is None or self.threads >= 1, "--threads must be at least 1"),
             (self.magpie_batch >= 1 and self.batch_size >= 1, "--batch-size must be at least 1"),

@@ -130,15 +130,32 @@ def batch_loss(head: FeatureHead, batch, cfg: FeatureTrainConfig):
     return total, hit, hit2, weights
 
 
+def batch_order(n_batches: int, seed: int, step: int) -> int:
+    """The batch of optimizer step `step`: each epoch visits all batches in an order drawn from
+    (seed, epoch), so the schedule is a function of the step number alone (what makes resume exact)."""
+    epoch, within = divmod(step, n_batches)
+    order = list(range(n_batches))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order[within]
+
+
 def train_head(head: FeatureHead, parts: list[dict], cfg: FeatureTrainConfig, log: Callable[[str], None] = print,
-               budget_s: float | None = None, every_s: float = 600.0, save: Callable[[], None] = lambda: None) -> None:
+               budget_s: float | None = None, every_s: float = 600.0, save: Callable[[], None] = lambda: None,
+               checkpoints: Path | None = None, checkpoint_every: int = 200,
+               after_step: Callable[[int, float], None] | None = None) -> dict:
     """AdamW with warm-up, then a cosine decay over `epochs` passes of the windows or, with budget_s,
     over that many seconds (the schedule follows the clock, so a time-boxed run ends at the low lr);
-    `save` is called every `every_s` seconds and at the end."""
+    `save` is called every `every_s` seconds and at the end. -> {"steps", "first_loss" (of this
+    process's first step), "final_loss", "seconds"}.
+
+    checkpoints: a folder for resumable training by epochs (tune.train's checkpoint format: model,
+    optimizer, scheduler, step; loaded with weights_only): saved every `checkpoint_every` steps and
+    at the end, and a run that finds one continues from it exactly."""
+    from .train import load_checkpoint, save_checkpoint
+
     vocab_map = torch.full((int(head.embed.shape[0]),), -1, dtype=torch.long)
     vocab_map[head.vocab_ids] = torch.arange(len(head.vocab_ids))
     all_windows = windows(parts, cfg.window)
-    rng = random.Random(cfg.seed)
     all_windows.sort(key=lambda w: w[2] - w[1])
     batches = [all_windows[i : i + cfg.batch_windows] for i in range(0, len(all_windows), cfg.batch_windows)]
     total = max(1, int(len(batches) * cfg.epochs))
@@ -151,33 +168,42 @@ def train_head(head: FeatureHead, parts: list[dict], cfg: FeatureTrainConfig, lo
 
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress(s)))))
-    while budget_s or step < total:
-        order = list(range(len(batches)))
-        rng.shuffle(order)
-        for i in order:
-            if (not budget_s and step >= total) or (budget_s and time.perf_counter() - began > budget_s):
-                save()
-                return
-            if time.perf_counter() - saved > every_s:
-                save()
-                saved = time.perf_counter()
-            batch = make_batch(parts, batches[i], vocab_map, cfg.prompt_weight)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss, hit, hit2, weights = batch_loss(head, batch, cfg)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step(), sched.step()
-            step += 1
-            answer = weights == 1.0
-            seen += float(answer.sum())
-            hits += float((hit & answer).sum())
-            hits2 += float((hit2 & answer).sum()) if hit2 is not None else 0.0
-            if step % 20 == 0:
-                log(f"step {step} (epoch {step / len(batches):.2f}) loss {float(loss.detach()):.3f} answer top-1 {hits / max(seen, 1):.3f} "
-                    f"two-step {hits2 / max(seen, 1):.3f} ({time.perf_counter() - began:.0f} s)")
-                seen = hits = hits2 = 0.0
+    if checkpoints is not None and (checkpoints / "checkpoint.pt").exists():
+        state = load_checkpoint(checkpoints, "cpu")
+        head.load_state_dict(state["model"]), opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        step = state["step"]
+        log(f"feature head: resuming from the checkpoint at step {step}/{total}")
+    loss_value = first_loss = float("nan")
+    while (budget_s and time.perf_counter() - began <= budget_s) or (not budget_s and step < total):
+        if time.perf_counter() - saved > every_s:
+            save()
+            saved = time.perf_counter()
+        batch = make_batch(parts, batches[batch_order(len(batches), cfg.seed, step)], vocab_map, cfg.prompt_weight)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, hit, hit2, weights = batch_loss(head, batch, cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step(), sched.step()
+        step += 1
+        loss_value = float(loss.detach())
+        first_loss = loss_value if first_loss != first_loss else first_loss  # NaN until the first step
+        if checkpoints is not None and (step % checkpoint_every == 0 or step == total):
+            save_checkpoint(checkpoints, head, opt, sched, step, total)
+        if after_step is not None:
+            after_step(step, loss_value)
+        answer = weights == 1.0
+        seen += float(answer.sum())
+        hits += float((hit & answer).sum())
+        hits2 += float((hit2 & answer).sum()) if hit2 is not None else 0.0
+        if step % 20 == 0:
+            log(f"step {step} (epoch {step / len(batches):.2f}) loss {loss_value:.3f} answer top-1 {hits / max(seen, 1):.3f} "
+                f"two-step {hits2 / max(seen, 1):.3f} ({time.perf_counter() - began:.0f} s)")
+            seen = hits = hits2 = 0.0
     save()
+    return {"steps": step, "first_loss": round(first_loss, 4), "final_loss": round(loss_value, 4),
+            "seconds": round(time.perf_counter() - began, 1)}
 
 
 def load_parts(folder: Path, limit: int | None = None) -> list[dict]:

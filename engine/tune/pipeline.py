@@ -1,4 +1,4 @@
-"""Run the tuning stages in order: prompts -> answers -> SSM 1..K (boosted) -> evaluation.
+"""Run the tuning stages in order: prompts -> answers -> SSM 1..K (boosted) -> feature head -> evaluation.
 
 Everything lands in OUT:
   tune.log          timestamped log (stage starts, throughput, losses, checkpoints, agreement)
@@ -7,9 +7,11 @@ Everything lands in OUT:
   data/             the verifier's answers (data.py)
   ssm-K/            SSM K: config.json, model.safetensors (bf16), tokenizer, spectui-tune.json;
                     checkpoint.pt while it trains (kept afterwards only with keep_checkpoints)
+  features/         with --feature-head: the verifier's features of the training sequences
+  feature-head/     the feature drafter (feature_stage.py); .feature-head.training/ while it trains
   report.json       agreement with the verifier per SSM and together, data sizes, timings
 With cfg.resume every stage skips what is on disk: kept prompts, finished shards, finished SSMs,
-and an SSM's training continues from its checkpoint.
+feature files and a finished head, and training (an SSM's, the head's) continues from its checkpoint.
 """
 
 from __future__ import annotations
@@ -267,6 +269,16 @@ def tune_ssm(
     return info
 
 
+def load_speculator(folder: Path, models, device: str):
+    """An SSM folder or a feature head (given the verifier), as the engine loads it."""
+    from ..feature_head import is_feature_head
+    from ..loading import load_drafter, load_feature_head
+
+    if is_feature_head(folder):
+        return load_feature_head(folder.name, folder, models.verifier, device)
+    return load_drafter(folder, device)
+
+
 def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_step, models_dir: Path | None) -> dict:
     from ..loading import load_drafter, load_models
     from .data import collect_answers, split
@@ -281,6 +293,11 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
     began = time.perf_counter()
     models = load_models(replace(preset, ssms=()), quant=cfg.quant, device=cfg.device, models_dir=models_dir)  # the verifier alone
     timings["load"] = time.perf_counter() - began
+    if cfg.feature_head:
+        from ..lean_model import supports
+
+        if not supports(models.verifier):
+            raise TuneConfigError("--feature-head: the feature drafter runs with a LLaMA verifier on the CPU path only")
     template = models.chat_template
     device = models.device
 
@@ -336,9 +353,21 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
         ssm_entries.append({"name": f"ssm-{k}", "folder": str(folder), "size_mb": round(folder_size(folder) / 1e6, 2),
                             "train": {key: info.get(key) for key in ("steps", "final_loss", "tokens_per_s", "seconds")}})
 
-    # 4. agreement on held-out answers
+    # 4. the feature drafter (feature_stage.py)
+    if cfg.feature_head:
+        from .feature_stage import tune_feature_head
+
+        began = time.perf_counter()
+        observe = None if after_step is None else (lambda step, loss: after_step(0, step, loss))
+        info = tune_feature_head(models, train_ex, cfg, out, log.info, observe)
+        timings["feature-head"] = time.perf_counter() - began
+        folder = out / "feature-head"
+        ssm_entries.append({"name": "feature-head", "folder": str(folder), "size_mb": round(folder_size(folder) / 1e6, 2),
+                            "train": {key: info.get(key) for key in ("steps", "final_loss", "seconds")}})
+
+    # 5. agreement on held-out answers
     began = time.perf_counter()
-    loaded = [(e["name"], load_drafter(Path(e["folder"]), device)) for e in ssm_entries]
+    loaded = [(e["name"], load_speculator(Path(e["folder"]), models, device)) for e in ssm_entries]
     agreement = evaluate(loaded, held_seqs, cfg.top_k, cfg.batch_tokens)
     timings["evaluate"] = time.perf_counter() - began
     for part in ("all", "greedy"):

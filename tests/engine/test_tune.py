@@ -42,15 +42,6 @@ def run_cli(*args: str):
 
 
 @pytest.fixture(scope="module")
-def tiny_verifier(tmp_path_factory, tiny_dirs, embedded_dir) -> Path:
-    """The tiny random LLaMA verifier of tiny_dirs, given the embedded tokenizer's chat template."""
-    folder = tmp_path_factory.mktemp("tune") / "verifier"
-    shutil.copytree(tiny_dirs["verifier"], folder)
-    shutil.copy(embedded_dir / "chat_template.jinja", folder / "chat_template.jinja")
-    return folder
-
-
-@pytest.fixture(scope="module")
 def tuned(tmp_path_factory, tiny_verifier) -> Path:
     root = tmp_path_factory.mktemp("tuned")
     prompts = root / "prompts.txt"
