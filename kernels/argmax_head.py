@@ -81,24 +81,24 @@ class ArgmaxScreen:
              + 2.0**-7 * (G[:, :M].abs() + G[:, M:].abs()) + 2.0**-20 * g.abs() + 1e-30)  # [V, M]
         floor = (g - r).max(dim=0).values - 2 * self.eps_per_norm * norms  # [M]: L
         inside = (g + r) >= floor  # [V, M]: C per row
+        union = inside.any(dim=1).nonzero().flatten()  # [U]: every row's candidates
         out = torch.full((M, self.low.shape[0]), float("-inf"))
-        for row in range(M):
-            candidates = inside[:, row].nonzero().flatten()  # [C]
-            if len(candidates) <= MAX_CANDIDATES and self.decide(candidates, x[row], out[row]):
-                self.screened += 1
-            else:
-                out[row] = self.head.canonical(x[row])
-                self.recomputed += 1
+        if len(union) <= MAX_CANDIDATES * M:
+            w = self.head.weight[union]  # [U, D]
+            h = (w @ x.T).T  # [M, U] fp32 logits of the candidates
+            e = (self.gamma * (1 + 1e-3)) * (x.abs() @ w.abs().T)  # [M, U] per-token bounds
+            mine = inside[union].T  # [M, U]
+            h_mine = torch.where(mine, h, float("-inf"))
+            best = h_mine.argmax(dim=1, keepdim=True)  # [M, 1]
+            gap = h.gather(1, best) - h  # [M, U]
+            margin = 2 * (e.gather(1, best) + e)
+            rival = mine & (torch.arange(len(union)) != best)  # other candidates of the row
+            clear = ~(rival & (gap <= margin)).any(dim=1) & (mine.sum(dim=1) <= MAX_CANDIDATES)  # [M]
+            out[:, union] = torch.where(clear[:, None] & mine, h, float("-inf"))
+        else:
+            clear = torch.zeros(M, dtype=torch.bool)
+        for row in (~clear).nonzero().flatten().tolist():  # near-ties and flat rows: the canonical way
+            out[row] = self.head.canonical(x[row])
+        self.recomputed += int((~clear).sum())
+        self.screened += int(clear.sum())
         return out.view(*lead, -1)
-
-    def decide(self, candidates: torch.Tensor, x: torch.Tensor, row: torch.Tensor) -> bool:
-        """Write the candidates' fp32 logits into `row` if they surely decide the canonical argmax."""
-        w = self.head.weight[candidates]  # [C, D]
-        h = w @ x  # [C]
-        e = self.gamma * (w.abs() @ x.abs()) * (1 + 1e-3)  # [C] per-token bounds
-        best = int(h.argmax())
-        others = torch.arange(len(candidates)) != best
-        if not bool((h[best] - h[others] > 2 * (e[best] + e[others])).all()):
-            return False
-        row[candidates] = h
-        return True
