@@ -354,6 +354,9 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
     models = load_models(preset, extra, quant=quant, device=device, progress=progress, models_dir=models_dir)
     note("building the speculation engine", None)
     engine = build_engine(models)
+    for name, _ in models.ssms:
+        if name not in engine.speculator_names:
+            note(f"feature head {name} not used: it drafts only with a LLaMA verifier on the CPU path", None)
     if engine.drafters:
         note("measuring step costs", None)
         key = CostKey(model=f"{preset.name}:{preset.verifier}:{'+'.join(engine.speculator_names)}",
