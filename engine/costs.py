@@ -43,7 +43,7 @@ from pathlib import Path
 GRID = (1, 2, 4, 8, 16, 32)  # tree sizes timed at load
 WINDOW = 16  # observations per median
 EMA = 0.1  # weight of one new observation in the drafting costs' moving averages
-CACHE_VERSION = 2  # 2: SSMs draft in bf16 on CPUs with AVX512-BF16
+CACHE_VERSION = 3  # 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class CostKey:
     threads: int
     attention: str = "torch"  # the attention backend, which also decides the 4-bit path on CPU
     runner: str = "CachedModel"  # how the verifier runs: transformers' forward or LeanModel (lean_model.py)
+    linear4bit: str = ""  # how its 4-bit layers compute (kernels/nf4_cpu.py's kernel or bitsandbytes'), if 4-bit
     machine: str = field(default_factory=lambda: f"{platform.machine()}-{platform.processor()}-{os.cpu_count()}cpu")
 
     def digest(self) -> str:

@@ -48,6 +48,7 @@ from ..kernels.argmax_head import ArgmaxScreen, screen_supported
 from ..kernels.exact_attention import exact_attention, prepare_mask
 from ..kernels.guarded_head import GuardedHead
 from ..kernels.hf_attention import EXACT_NAME
+from ..kernels.nf4_cpu import kernel_group
 from ..kernels.packed_4bit import pack_group
 from .cached_model import CachedModel, tree_pass
 from .tree import TokenTree
@@ -87,7 +88,7 @@ class Projection:
 
     def __init__(self, modules, stack_dense: bool = False) -> None:
         self.modules = list(modules)
-        self.packed = pack_group(self.modules)
+        self.packed = pack_group(self.modules) or kernel_group(self.modules)  # AVX512-BF16: bitsandbytes'; else ours
         self.stacked = None
         if self.packed is None and stack_dense and all(type(m) is torch.nn.Linear and m.bias is None for m in modules):
             self.stacked = torch.cat([m.weight for m in self.modules]).detach()  # [N, H]

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ..kernels.guarded_head import install_guarded_head
+from ..kernels.nf4_cpu import install as install_4bit_kernel
 from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
 from .cache_health import discard_entry, entry_problem, hub_cache, in_model_cache, mark_entry  # noqa: F401 (part of this module's API)
 from .feature_head import FeatureHead, is_feature_head
@@ -239,7 +240,12 @@ def load_drafter(folder: Path, device: str):
     return load_causal_lm(folder, device, "none", dtype=drafter_dtype(device))
 
 
-def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "sdpa", dtype: torch.dtype | None = None):
+def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "sdpa", dtype: torch.dtype | None = None,
+                   kernel_dir: Path | None = None):
+    """A causal LM as the engine runs it. On CPU with the exact attention, the output layer becomes a
+    GuardedHead and, where bitsandbytes has no fused kernel for this CPU, 4-bit layers compute with
+    kernels/nf4_cpu.py (compiled into `kernel_dir`; None: a temporary folder); `model.spectui_4bit`
+    says which path their 4-bit layers take."""
     from transformers import AutoModelForCausalLM
 
     if dtype is None:
@@ -255,6 +261,8 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         raise ModelLoadError(f"cannot load model from {folder}: {reason}") from None
     if device == "cpu" and attn == EXACT_ATTENTION:
         install_guarded_head(model)  # argmax-exact logits for tree passes (kernels/guarded_head.py)
+        if quant in ("nf4", "fp4"):
+            model.spectui_4bit = install_4bit_kernel(model, kernel_dir).describe()
     elif config is not None and device == "cpu":
         keep_fp32_compute(model)
     return model.eval()
@@ -320,7 +328,9 @@ def load_models(
     folder = locate(preset.verifier, models_dir, progress)
     note(f"loading verifier ({quant})", None)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    verifier = load_causal_lm(folder, device, quant, attn)
+    verifier = load_causal_lm(folder, device, quant, attn, kernel_dir=Path(models_dir) / "kernels" if models_dir else None)
+    if hasattr(verifier, "spectui_4bit"):
+        note(f"4-bit layers: {verifier.spectui_4bit}", None)
     ssms = []
     for source in (*preset.ssms, *extra_ssms):
         ssm_folder = locate(source, models_dir, progress)
@@ -361,7 +371,8 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
         note("measuring step costs", None)
         key = CostKey(model=f"{preset.name}:{preset.verifier}:{'+'.join(engine.speculator_names)}",
                       quant=quant, device=models.device, threads=torch.get_num_threads(),
-                      attention=models.attention_backend, runner=type(engine.verifier).__name__)
+                      attention=models.attention_backend, runner=type(engine.verifier).__name__,
+                      linear4bit=getattr(models.verifier, "spectui_4bit", ""))
         prepare_costs(engine, cost_cache, key)
         if cost_cache is not None:  # what the auto tree learned, kept per verifier, quant and speculators
             engine.remember_acceptance(acceptance_path(cost_cache, key.model, quant))

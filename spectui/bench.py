@@ -220,6 +220,7 @@ def run_bench(
         "quant": models.quant,
         "device": models.device,
         "attention_backend": models.attention_backend,
+        "linear4bit": getattr(models.verifier, "spectui_4bit", None),  # how the 4-bit layers compute
         "threads": threads,
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,

@@ -13,7 +13,8 @@ A method measured several times on a prompt (the bench's re-runs) counts the med
 pairwise ratios there.
 
 The JSON report (run_bench in bench.py):
-    model, ssms, speculators, quant, device, attention_backend, threads (torch threads, every
+    model, ssms, speculators, quant, device, attention_backend, linear4bit (the verifier's 4-bit
+    path: spectui's AVX2 kernel or bitsandbytes', or null), threads (torch threads, every
     method), prompts, max_new_tokens, tree (the speculative rows' --tree), fixed_tree,
     merge (policies run), hf_assistant (SSM name or null), order ("rotated"), rerun_below,
     rerun_total, cost_model and calibration (the engine's, or null);
@@ -217,6 +218,8 @@ def format_table(report: dict) -> str:
         "counts the tokens after the first over the time after it",
         f"speculators: {', '.join(report['speculators'] or []) or 'none'}",
     ]
+    if report.get("linear4bit"):
+        rows.append(f"4-bit layers: {report['linear4bit']}")
     for name, m in report["methods"].items():
         if "geomean_speedup_vs_incremental" not in m:
             continue

@@ -210,6 +210,7 @@ def test_cli_bench_writes_report(chat_verifier, tmp_path):
     assert report["tree"] == "auto" and report["fixed_tree"] == "1,1,1" and report["hf_assistant"] is None
     assert list(report["methods"]) == ["incremental", "hf-generate", "hf-prompt-lookup", "speculative-fixed", "speculative"]
     assert {"cost_model", "calibration", "per_prompt", "rerun_below", "rerun_total"} <= set(report)
+    assert report["linear4bit"] is None  # --quant none: no 4-bit layers to name
     for name in ("speculative-fixed", "speculative"):
         m = report["methods"][name]
         assert m["identical_outputs"] == 1 and m["identical_to_hf_generate"] == 1, name

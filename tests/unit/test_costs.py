@@ -40,6 +40,8 @@ def test_cache_round_trip_and_key_mismatch(tmp_path):
     assert back is not None and back.from_cache and back.verify_table == costs.verify_table and back.draft_ms == {"ssm": 3.0}
     assert CostModel.load(path, CostKey("m", "nf4", "cpu", 1)) is None  # other thread count: re-measure
     assert cache_path(tmp_path, CostKey("m", "nf4", "cpu", 1)) != path
+    other_kernel = CostKey("m", "nf4", "cpu", 2, linear4bit="spectui 4-bit kernel (AVX2, 210 layers)")
+    assert CostModel.load(path, other_kernel) is None  # other 4-bit path: other costs, re-measure
     path.write_text("{not json", encoding="utf-8")
     assert CostModel.load(path, key) is None
     path.write_text(json.dumps({"version": 1, "key": {}, "verify_ms": {"1": -1}}), encoding="utf-8")

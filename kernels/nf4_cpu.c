@@ -1,0 +1,224 @@
+/* NF4/FP4 matmul on CPUs with AVX2 + FMA, reading bitsandbytes' 4-bit weights as they are.
+ *
+ * Built at first use by kernels/nf4_cpu.py (cc -O2 -mavx2 -mfma -fopenmp -ffp-contract=off) and
+ * called through ctypes. Layout (bitsandbytes' non-packed 4-bit format, checked by
+ * tests/kernels/test_nf4_cpu.py):
+ *
+ *     w       [N * K / 2] uint8   element (n, k) = index i = n * K + k; byte i / 2, high nibble
+ *                                 first (even i), low nibble second (odd i)
+ *     absmax  [N * K / bs] fp32   one scale per block of bs consecutive elements (K % bs == 0,
+ *                                 so a block never straddles two rows)
+ *     code    [16] fp32           the 4-bit code (NF4 or FP4 table)
+ *
+ *     y[m, n] = sum_k x[m, k] * W[n, k],    W[n, k] = code[q(n, k)] * absmax[(n * K + k) / bs]
+ *
+ * W[n, k] is bitsandbytes' own dequantised weight to the bit (one fp32 product). The sum is done in
+ * one fixed order for every (m, n): eight lanes, lane j accumulating k = j, j + 8, j + 16, ... with
+ * fused multiply-adds, then lanes (j, j + 4), then (j, j + 2), then (0, 1). Threads split the output
+ * rows n, never k, and the m loop only repeats that order. So y[m, n] has the same bits whatever M,
+ * N (a stack of several weights) and the thread count: a row computed in a tree pass equals the row
+ * computed alone, which keeps tree verification token-identical to one-token decoding.
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define ROWS 4 /* output rows per task: independent accumulator chains hide FMA latency */
+
+/* 8 consecutive weights from 4 bytes: lanes (b0 hi, b0 lo, b1 hi, b1 lo, ...) times the scale. */
+static inline __m256 decode8(const uint8_t *bytes, __m256 lut_lo, __m256 lut_hi, __m256i shifts, __m256 scale) {
+    uint32_t word;
+    __builtin_memcpy(&word, bytes, 4);
+    __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts); /* nibble in bits 0-3 */
+    __m256 lo = _mm256_permutevar8x32_ps(lut_lo, idx);                     /* code[idx & 7] */
+    __m256 hi = _mm256_permutevar8x32_ps(lut_hi, idx);                     /* code[8 + (idx & 7)] */
+    __m256 w = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28))); /* bit 3 */
+    return _mm256_mul_ps(w, scale);
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* j + (j + 4) */
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                        /* j + (j + 2) */
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));                                    /* 0 + 1 */
+    return _mm_cvtss_f32(s);
+}
+
+/* Dequantise rows n0 .. n0 + ROWS - 1 into scratch [ROWS, K]. */
+static void dequant_rows(int64_t n0, int64_t K, const uint8_t *w, const float *absmax, int64_t bs,
+                         const float *code, float *scratch) {
+    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+    for (int r = 0; r < ROWS; r++) {
+        const int64_t n = n0 + r;
+        const uint8_t *row = w + n * K / 2;
+        const float *scales = absmax + n * (K / bs);
+        float *out = scratch + r * K;
+        for (int64_t k = 0; k < K; k += 8) {
+            __m256 scale = _mm256_set1_ps(scales[k / bs]);
+            _mm256_storeu_ps(out + k, decode8(row + k / 2, lut_lo, lut_hi, shifts, scale));
+        }
+    }
+}
+
+/* y[m + i, n0 + r] for r < ROWS and three rows m, m + 1, m + 2 of x, from dequantised scratch rows:
+ * 12 accumulators, 4 weight vectors and 3 input vectors read per 12 fused multiply-adds. */
+static void dot_rows_3(int64_t K, const float *x0, const float *x1, const float *x2, const float *scratch,
+                       float *y0, float *y1, float *y2) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+    for (int64_t k = 0; k < K; k += 8) {
+        __m256 w0 = _mm256_loadu_ps(scratch + k), w1 = _mm256_loadu_ps(scratch + K + k);
+        __m256 w2 = _mm256_loadu_ps(scratch + 2 * K + k), w3 = _mm256_loadu_ps(scratch + 3 * K + k);
+        __m256 u = _mm256_loadu_ps(x0 + k);
+        a00 = _mm256_fmadd_ps(u, w0, a00); a01 = _mm256_fmadd_ps(u, w1, a01);
+        a02 = _mm256_fmadd_ps(u, w2, a02); a03 = _mm256_fmadd_ps(u, w3, a03);
+        u = _mm256_loadu_ps(x1 + k);
+        a10 = _mm256_fmadd_ps(u, w0, a10); a11 = _mm256_fmadd_ps(u, w1, a11);
+        a12 = _mm256_fmadd_ps(u, w2, a12); a13 = _mm256_fmadd_ps(u, w3, a13);
+        u = _mm256_loadu_ps(x2 + k);
+        a20 = _mm256_fmadd_ps(u, w0, a20); a21 = _mm256_fmadd_ps(u, w1, a21);
+        a22 = _mm256_fmadd_ps(u, w2, a22); a23 = _mm256_fmadd_ps(u, w3, a23);
+    }
+    y0[0] = hsum(a00); y0[1] = hsum(a01); y0[2] = hsum(a02); y0[3] = hsum(a03);
+    y1[0] = hsum(a10); y1[1] = hsum(a11); y1[2] = hsum(a12); y1[3] = hsum(a13);
+    y2[0] = hsum(a20); y2[1] = hsum(a21); y2[2] = hsum(a22); y2[3] = hsum(a23);
+}
+
+static void dot_rows_1(int64_t K, const float *x0, const float *scratch, float *y0) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        __m256 u = _mm256_loadu_ps(x0 + k);
+        a0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(scratch + k), a0);
+        a1 = _mm256_fmadd_ps(u, _mm256_loadu_ps(scratch + K + k), a1);
+        a2 = _mm256_fmadd_ps(u, _mm256_loadu_ps(scratch + 2 * K + k), a2);
+        a3 = _mm256_fmadd_ps(u, _mm256_loadu_ps(scratch + 3 * K + k), a3);
+    }
+    y0[0] = hsum(a0); y0[1] = hsum(a1); y0[2] = hsum(a2); y0[3] = hsum(a3);
+}
+
+/* M = 1 without the scratch round trip: decode and multiply in one pass (same order, same bits). */
+static void gemv_rows(int64_t n0, int64_t K, const float *x, const uint8_t *w, const float *absmax, int64_t bs,
+                      const float *code, float *y) {
+    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2, *r2 = r1 + K / 2, *r3 = r2 + K / 2;
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs, *s2 = s1 + K / bs, *s3 = s2 + K / bs;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        const int64_t b = k / bs;
+        __m256 u = _mm256_loadu_ps(x + k);
+        a0 = _mm256_fmadd_ps(u, decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b])), a0);
+        a1 = _mm256_fmadd_ps(u, decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b])), a1);
+        a2 = _mm256_fmadd_ps(u, decode8(r2 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s2[b])), a2);
+        a3 = _mm256_fmadd_ps(u, decode8(r3 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s3[b])), a3);
+    }
+    y[n0] = hsum(a0); y[n0 + 1] = hsum(a1); y[n0 + 2] = hsum(a2); y[n0 + 3] = hsum(a3);
+}
+
+/* M = 2 likewise: each decoded weight vector serves both input rows (same order per output). */
+static void gemv2_rows(int64_t n0, int64_t K, const float *x0, const float *x1, const uint8_t *w, const float *absmax,
+                       int64_t bs, const float *code, float *y0, float *y1) {
+    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2, *r2 = r1 + K / 2, *r3 = r2 + K / 2;
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs, *s2 = s1 + K / bs, *s3 = s2 + K / bs;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        const int64_t b = k / bs;
+        __m256 u = _mm256_loadu_ps(x0 + k), v = _mm256_loadu_ps(x1 + k), d;
+        d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
+        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(v, d, b0);
+        d = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
+        a1 = _mm256_fmadd_ps(u, d, a1); b1 = _mm256_fmadd_ps(v, d, b1);
+        d = decode8(r2 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s2[b]));
+        a2 = _mm256_fmadd_ps(u, d, a2); b2 = _mm256_fmadd_ps(v, d, b2);
+        d = decode8(r3 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s3[b]));
+        a3 = _mm256_fmadd_ps(u, d, a3); b3 = _mm256_fmadd_ps(v, d, b3);
+    }
+    y0[n0] = hsum(a0); y0[n0 + 1] = hsum(a1); y0[n0 + 2] = hsum(a2); y0[n0 + 3] = hsum(a3);
+    y1[n0] = hsum(b0); y1[n0 + 1] = hsum(b1); y1[n0 + 2] = hsum(b2); y1[n0 + 3] = hsum(b3);
+}
+
+/* M = 3 or 4: two weight rows at a time, each decoded vector serving four input rows (a fourth
+ * row that is not there reads row 2 again and writes to `spare`). Same order per output. */
+static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w, const float *absmax,
+                       int64_t bs, const float *code, float *const ys[4]) {
+    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        const int64_t b = k / bs;
+        __m256 d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
+        __m256 e = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
+        __m256 u = _mm256_loadu_ps(xs[0] + k);
+        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(u, e, b0);
+        u = _mm256_loadu_ps(xs[1] + k);
+        a1 = _mm256_fmadd_ps(u, d, a1); b1 = _mm256_fmadd_ps(u, e, b1);
+        u = _mm256_loadu_ps(xs[2] + k);
+        a2 = _mm256_fmadd_ps(u, d, a2); b2 = _mm256_fmadd_ps(u, e, b2);
+        u = _mm256_loadu_ps(xs[3] + k);
+        a3 = _mm256_fmadd_ps(u, d, a3); b3 = _mm256_fmadd_ps(u, e, b3);
+    }
+    ys[0][n0] = hsum(a0); ys[0][n0 + 1] = hsum(b0); ys[1][n0] = hsum(a1); ys[1][n0 + 1] = hsum(b1);
+    ys[2][n0] = hsum(a2); ys[2][n0 + 1] = hsum(b2); ys[3][n0] = hsum(a3); ys[3][n0 + 1] = hsum(b3);
+}
+
+/* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits. Needs N % 4 == 0, K % 8 == 0, K % bs == 0,
+ * bs % 8 == 0 (the caller checks). Returns 0, or 1 if scratch could not be allocated. */
+int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
+                       const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads) {
+    if (M == 1) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / ROWS; g++)
+            gemv_rows(g * ROWS, K, x, w, absmax, bs, code, y);
+        return 0;
+    }
+    if (M == 2) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / ROWS; g++)
+            gemv2_rows(g * ROWS, K, x, x + ldx, w, absmax, bs, code, y, y + ldy);
+        return 0;
+    }
+    if (M <= 4) {
+        float *spare = (float *)malloc(sizeof(float) * N); /* the missing fourth row's outputs, M = 3 */
+        if (spare == NULL) return 1;
+        const float *const xs[4] = {x, x + ldx, x + 2 * ldx, M == 4 ? x + 3 * ldx : x + 2 * ldx};
+        float *const ys[4] = {y, y + ldy, y + 2 * ldy, M == 4 ? y + 3 * ldy : spare};
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / 2; g++)
+            gemv4_rows(g * 2, K, xs, w, absmax, bs, code, ys);
+        free(spare);
+        return 0;
+    }
+    float *scratch = (float *)malloc(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, ROWS, K] */
+    if (scratch == NULL) return 1;
+#pragma omp parallel num_threads(threads)
+    {
+        float *mine = scratch + (int64_t)omp_get_thread_num() * ROWS * K;
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < N / ROWS; g++) {
+            const int64_t n0 = g * ROWS;
+            float t0[ROWS], t1[ROWS], t2[ROWS];
+            dequant_rows(n0, K, w, absmax, bs, code, mine);
+            int64_t m = 0;
+            for (; m + 2 < M; m += 3) {
+                dot_rows_3(K, x + m * ldx, x + (m + 1) * ldx, x + (m + 2) * ldx, mine, t0, t1, t2);
+                for (int r = 0; r < ROWS; r++) {
+                    y[m * ldy + n0 + r] = t0[r];
+                    y[(m + 1) * ldy + n0 + r] = t1[r];
+                    y[(m + 2) * ldy + n0 + r] = t2[r];
+                }
+            }
+            for (; m < M; m++) {
+                dot_rows_1(K, x + m * ldx, mine, t0);
+                for (int r = 0; r < ROWS; r++) y[m * ldy + n0 + r] = t0[r];
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}

@@ -1,0 +1,214 @@
+"""bitsandbytes' 4-bit layers on CPUs without AVX512-BF16: one fused kernel instead of dequantise + matmul.
+
+Without AVX512-BF16, bitsandbytes 0.50 computes a Linear4bit on CPU by dequantising the whole
+weight to fp32 on every call and then multiplying (about 0.4 ms a projection of SmolLM2-135M at one
+row, most of a 110 ms one-token step on a 2-core AVX2 machine). kernels/nf4_cpu.c reads the 4-bit
+weights as bitsandbytes stores them and multiplies as it decodes (AVX2 + FMA, OpenMP over output
+rows). The weights stay bitsandbytes' 4-bit tensors; nothing is dequantised into memory.
+
+Arithmetic (nf4_cpu.c's header): W[n, k] = code[q] * absmax is bitsandbytes' own dequantised weight
+to the bit, and every output y[m, n] = sum_k x[m, k] W[n, k] is summed in one fixed order whatever
+the number of rows M and of threads. So a token's row has the same bits in a tree pass as in a
+one-token pass, which is what verification needs (the exact attention gives the same for
+attention). The order differs from MKL's, so results differ from bitsandbytes' fp32 path in the
+last bits: the kernel is *installed* into the verifier (`install`), as the guarded output layer is,
+and every user of that model, transformers' own `generate` included, computes with it.
+
+Built at first use with the system C compiler (`cc`, or $CC) into a folder the caller names, keyed by
+a hash of the source, the flags and the compiler; where there is no compiler, no AVX2/FMA, or a
+layout it does not handle (a bias, nested statistics, shapes not in blocks), `install` leaves the
+layers as they are and says why (`KernelInfo`).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("nf4_cpu.c")
+FLAGS = ["-O2", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+DISABLE_VAR = "SPECTUI_NF4_KERNEL"  # "0" keeps bitsandbytes' own CPU path (for comparison)
+ROWS = 4  # output rows per task in nf4_cpu.c
+
+
+@dataclass
+class KernelInfo:
+    installed: int = 0  # layers that compute with the kernel
+    reason: str = ""  # why none did, when none did
+
+    def describe(self) -> str:
+        """How the 4-bit layers compute, in words (a loading line, the bench JSON)."""
+        if self.installed:
+            return f"spectui 4-bit kernel (AVX2, {self.installed} layers)"
+        return f"bitsandbytes ({self.reason})"
+
+
+def cpu_supported() -> bool:
+    """x86-64 with AVX2 and FMA (torch reports AVX2 or AVX512 capability only where both are there)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return ""
+
+
+_LIBRARY: dict[str, ct.CDLL] = {}  # built file -> loaded library, once per process
+
+
+def build(folder: Path | None) -> tuple[ct.CDLL | None, str]:
+    """(the compiled kernel, "") or (None, why not). Built once per source, flags and compiler."""
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler (cc) found"
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + compiler_version(cc).encode()).hexdigest()[:16]
+    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / f"spectui-kernels-{os.getuid()}"
+    target = folder / f"nf4_cpu-{key}.so"
+    if str(target) in _LIBRARY:
+        return _LIBRARY[str(target)], ""
+    if not target.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".nf4_cpu-", suffix=".so", dir=folder)
+            os.close(fd)
+            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                os.unlink(tmp)
+                first = (done.stderr.strip().splitlines() or ["no message"])[0]
+                return None, f"compiling the 4-bit kernel failed: {first}"
+            os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
+            for stale in folder.glob("nf4_cpu-*.so"):  # builds of older sources or compilers
+                if stale != target:
+                    stale.unlink(missing_ok=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"compiling the 4-bit kernel failed: {exc}"
+    try:
+        lib = ct.CDLL(str(target))
+    except OSError as exc:
+        return None, f"loading the 4-bit kernel failed: {exc}"
+    lib.spectui_nf4_matmul.restype = ct.c_int
+    lib.spectui_nf4_matmul.argtypes = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p,
+                                       ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
+    _LIBRARY[str(target)] = lib
+    return lib, ""
+
+
+def layout_problem(module) -> str | None:
+    """None if the kernel computes this Linear4bit exactly as described, else what it does not handle."""
+    state = getattr(module.weight, "quant_state", None)
+    if state is None:
+        return "no quantisation state"
+    if module.bias is not None:
+        return "a bias"
+    if state.nested or getattr(state, "packing_format_for_cpu", False):
+        return "nested statistics or bitsandbytes' packed CPU layout"
+    N, K = int(state.shape[0]), int(state.shape[1])
+    bs = int(state.blocksize)
+    if N % ROWS or K % 8 or bs % 8 or K % bs:
+        return f"shape {N}x{K} with blocks of {bs}"
+    if state.absmax.dtype != torch.float32 or module.weight.data.dtype != torch.uint8 or module.weight.device.type != "cpu":
+        return "absmax or weights of another type or device"
+    return None
+
+
+class KernelMatmul:
+    """y [M, N] = x [M, K] @ W^T through nf4_cpu.c, for one Linear4bit or a stack of several that read
+    the same input (q|k|v, gate|up: N = their output features together; every output element has
+    the bits it has alone). A stack keeps the weights once: each module's 4-bit data and scales
+    become views of the stacked tensors."""
+
+    def __init__(self, fn, modules) -> None:
+        self.fn, self.modules = fn, list(modules)  # fn: the library's spectui_nf4_matmul
+        states = [m.weight.quant_state for m in self.modules]
+        self.N, self.K, self.bs = sum(int(s.shape[0]) for s in states), int(states[0].shape[1]), int(states[0].blocksize)
+        self.code = states[0].code.to(torch.float32).contiguous()  # [16]
+        self.stack = None
+        if len(self.modules) > 1:
+            weight = torch.cat([m.weight.data.reshape(-1) for m in self.modules])  # [N * K / 2] uint8
+            absmax = torch.cat([s.absmax.reshape(-1) for s in states])  # [N * K / bs] fp32
+            at, scale_at = 0, 0
+            for m, s in zip(self.modules, states):
+                size, scales = m.weight.data.numel(), s.absmax.numel()
+                m.weight.data = weight[at : at + size].view(m.weight.data.shape)
+                s.absmax = absmax[scale_at : scale_at + scales].view(s.absmax.shape)
+                at, scale_at = at + size, scale_at + scales
+            self.stack = (weight, absmax)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stack is not None:
+            weight, absmax = self.stack
+        else:  # read now: a later stack may re-point them
+            weight, absmax = self.modules[0].weight.data, self.modules[0].weight.quant_state.absmax
+        a = x.reshape(-1, self.K).to(torch.float32).contiguous()  # [M, K]
+        out = torch.empty(a.shape[0], self.N, dtype=torch.float32)  # [M, N]
+        if a.shape[0] and self.fn(a.shape[0], self.N, self.K, a.data_ptr(), self.K, weight.data_ptr(), absmax.data_ptr(),
+                                  self.bs, self.code.data_ptr(), out.data_ptr(), self.N, torch.get_num_threads()):
+            raise MemoryError("the 4-bit kernel could not allocate its scratch rows")
+        return out.view(*x.shape[:-1], self.N)
+
+
+def kernel_group(modules) -> KernelMatmul | None:
+    """One kernel call for these modules (same input), or None unless the kernel runs each of them."""
+    if not modules or not all(uses_kernel(m) for m in modules):
+        return None
+    states = [m.weight.quant_state for m in modules]
+    if len({(int(s.shape[1]), int(s.blocksize), tuple(s.code.tolist())) for s in states}) != 1:
+        return None
+    return KernelMatmul(modules[0].spectui_kernel.fn, modules)
+
+
+def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Linear4bit.forward through the kernel (no grad: inference only; the rest as bitsandbytes does)."""
+    if x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+        return self.spectui_plain_forward(x)
+    return self.spectui_kernel(x).to(x.dtype)
+
+
+def install(model, folder: Path | None = None) -> KernelInfo:
+    """Compute every Linear4bit of `model` with the kernel (all or none); KernelInfo says how many, or why not."""
+    if os.environ.get(DISABLE_VAR, "1").strip() == "0":
+        return KernelInfo(reason=f"{DISABLE_VAR}=0")
+    if not cpu_supported():
+        return KernelInfo(reason="the CPU lacks AVX2/FMA")
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return KernelInfo(reason="bitsandbytes is not installed")
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    if not layers:
+        return KernelInfo(reason="no 4-bit layers")
+    if any(getattr(m, "support_avx512bf16_for_cpu", False) for m in layers):
+        return KernelInfo(reason="bitsandbytes' own fused AVX512-BF16 kernel runs these layers")
+    for m in layers:
+        if (problem := layout_problem(m)) is not None:
+            return KernelInfo(reason=f"a 4-bit layer has {problem}")
+    lib, why = build(folder)
+    if lib is None:
+        return KernelInfo(reason=why)
+    for m in layers:
+        m.spectui_kernel = KernelMatmul(lib.spectui_nf4_matmul, [m])
+        m.spectui_plain_forward = m.forward  # bitsandbytes' own, for what the kernel does not serve
+        m.forward = kernel_forward.__get__(m)  # this instance only: Linear4bit itself is untouched
+    return KernelInfo(installed=len(layers))
+
+
+def uses_kernel(module) -> bool:
+    return isinstance(getattr(module, "spectui_kernel", None), KernelMatmul)

@@ -1,0 +1,121 @@
+"""The 4-bit CPU kernel (kernels/nf4_cpu.c) for machines where bitsandbytes has no fused kernel.
+
+What verification relies on: every output element has the same bits whatever the number of rows
+and threads; the dequantised weights are bitsandbytes' own; the sum is as close to the exact one as
+bitsandbytes' fp32 path. And where the kernel cannot serve, the layers stay bitsandbytes' own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectui.kernels import nf4_cpu
+
+pytestmark = pytest.mark.skipif(not nf4_cpu.cpu_supported() or nf4_cpu.compiler() is None,
+                                reason="the kernel needs x86-64 with AVX2/FMA and a C compiler")
+
+
+def linear_4bit(in_features: int, out_features: int, quant_type: str, seed: int, bias: bool = False, nested: bool = False):
+    import bitsandbytes as bnb
+
+    torch.manual_seed(seed)
+    weight = torch.randn(out_features, in_features) * 0.05
+    layer = bnb.nn.Linear4bit(in_features, out_features, bias=bias, quant_type=quant_type, compute_dtype=torch.float32,
+                              compress_statistics=nested)
+    layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=quant_type, compress_statistics=nested)
+    layer = layer.to("cpu").eval()
+    layer.support_avx512bf16_for_cpu = False  # bitsandbytes' fp32 path, as on a CPU without AVX512-BF16
+    return layer
+
+
+def exact(layer, x: torch.Tensor) -> torch.Tensor:
+    """x @ W^T in float64 over bitsandbytes' own dequantised weights."""
+    from bitsandbytes.functional import dequantize_4bit
+
+    w = dequantize_4bit(layer.weight.data, layer.weight.quant_state)  # [N, K] fp32
+    return x.double() @ w.double().T
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("shape", [(576, 192), (128, 64), (1536, 576)])  # (in, out)
+def test_kernel_sums_bitsandbytes_weights_as_closely_as_its_fp32_path(tmp_path, quant_type, shape):
+    layer = linear_4bit(*shape, quant_type, seed=shape[0])
+    x = torch.randn(9, shape[0])
+    with torch.inference_mode():
+        stock = layer(x)  # bitsandbytes: dequantise + fp32 matmul
+        info = nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
+        assert info.installed == 1 and nf4_cpu.uses_kernel(layer), info.reason
+        got = layer(x)
+    reference = exact(layer, x)
+    assert got.dtype == torch.float32 and got.shape == stock.shape
+    err_kernel = (got.double() - reference).abs().max().item()
+    err_stock = (stock.double() - reference).abs().max().item()
+    assert err_kernel <= 2 * err_stock + 1e-7  # fp32 rounding of a K-term sum, no worse than MKL's
+    assert not torch.equal(got, torch.zeros_like(got))
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 65])
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads(tmp_path, rows):
+    layer = linear_4bit(576, 192, "nf4", seed=rows)
+    nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
+    x = torch.randn(rows, 576)
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        together = layer(x)
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(rows)])
+        torch.set_num_threads(1)
+        try:
+            one_thread = layer(x)
+        finally:
+            torch.set_num_threads(threads)
+        batched = layer(x.view(1, rows, 576))  # [B, T, K] as the model calls it
+    assert torch.equal(together, alone)
+    assert torch.equal(together, one_thread)
+    assert batched.shape == (1, rows, 192) and torch.equal(batched[0], together)
+
+
+def test_layers_the_kernel_cannot_take_are_left_to_bitsandbytes(tmp_path):
+    for layer, words in [(linear_4bit(128, 64, "nf4", 0, bias=True), "bias"),
+                         (linear_4bit(128, 64, "nf4", 0, nested=True), "nested"),
+                         (linear_4bit(100, 64, "nf4", 0), "shape"),  # K not in blocks of 64
+                         (linear_4bit(128, 6, "nf4", 0), "shape")]:  # N not in groups of 4 rows
+        info = nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
+        assert info.installed == 0 and words in info.reason and not nf4_cpu.uses_kernel(layer)
+    fused = linear_4bit(128, 64, "nf4", 0)
+    fused.support_avx512bf16_for_cpu = True  # bitsandbytes' own fused kernel would run it
+    assert nf4_cpu.install(torch.nn.Sequential(fused), tmp_path).installed == 0
+
+
+def test_without_a_compiler_nothing_is_installed_and_the_reason_is_given(tmp_path, monkeypatch):
+    monkeypatch.setattr(nf4_cpu.shutil, "which", lambda name: None)
+    layer = linear_4bit(128, 64, "nf4", 0)
+    info = nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
+    assert info.installed == 0 and "compiler" in info.reason
+    assert info.describe().startswith("bitsandbytes (") and not nf4_cpu.uses_kernel(layer)
+
+
+def test_the_build_is_kept_and_reused(tmp_path):
+    lib, why = nf4_cpu.build(tmp_path)
+    assert lib is not None, why
+    built = list(tmp_path.glob("nf4_cpu-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    nf4_cpu._LIBRARY.clear()  # a new process: the file is found, not compiled again
+    assert nf4_cpu.build(tmp_path)[0] is not None
+    assert built[0].stat().st_mtime_ns == stamp
+    stale = tmp_path / "nf4_cpu-0123456789abcdef.so"  # a build of an older source
+    stale.write_bytes(b"old")
+    built[0].unlink()
+    nf4_cpu._LIBRARY.clear()
+    assert nf4_cpu.build(tmp_path)[0] is not None
+    assert [p.name for p in tmp_path.glob("nf4_cpu-*.so")] == [built[0].name]  # built again, the stale one gone
+
+
+def test_training_keeps_bitsandbytes_path(tmp_path):
+    layer = linear_4bit(128, 64, "nf4", 0)
+    nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
+    x = torch.randn(3, 128, requires_grad=True)
+    y = layer(x)  # grad enabled and an input that wants it: bitsandbytes' autograd path
+    y.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
