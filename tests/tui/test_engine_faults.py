@@ -49,7 +49,9 @@ async def recover(app, pilot, starts: int) -> None:
     app.action_restart_engine()  # Retry pressed again while loading: no second engine
     app.action_restart_engine()
     assert app.link.starts == starts + 1
-    await wait_for(pilot, lambda: app.engine is not None or app.load_error, 60, "the engine to restart")
+    # the link turns ready in its thread, then the app leaves the loading screen on ModelsLoaded: wait for both
+    await wait_for(pilot, lambda: app.load_error or (app.engine is not None and not isinstance(app.screen, LoadingScreen)),
+                   60, "the engine to restart")
     assert app.load_error is None, app.load_error
     assert not isinstance(app.screen, LoadingScreen) and app.chat.status.state == "ready"
     assert not app.chat.query_one("#notice").display
