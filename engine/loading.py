@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ..kernels.guarded_head import install_guarded_head
+from ..kernels import native
 from ..kernels.nf4_cpu import install as install_4bit_kernel
 from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
 from .cache_health import discard_entry, entry_problem, hub_cache, in_model_cache, mark_entry  # noqa: F401 (part of this module's API)
@@ -261,6 +262,7 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         raise ModelLoadError(f"cannot load model from {folder}: {reason}") from None
     if device == "cpu" and attn == EXACT_ATTENTION:
         install_guarded_head(model)  # argmax-exact logits for tree passes (kernels/guarded_head.py)
+        native.get("exact_attention", kernel_dir)  # built here, in the cache, rather than at the first call
         if quant in ("nf4", "fp4"):
             model.spectui_4bit = install_4bit_kernel(model, kernel_dir).describe()
     elif config is not None and device == "cpu":

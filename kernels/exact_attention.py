@@ -24,13 +24,26 @@ bitwise equality of tree-pass and one-token logits on the real model.
 
 Cost: the float64 matmuls are small (T x S x D per head); converting the cache's keys and values
 to float64 costs O(S) per layer and step, a few ms per 1,000 prefix tokens on two cores.
+
+Native path for one-token passes. On x86 CPUs with AVX2 and a C compiler, a one-row call (a decode
+step, T = 1) with a float32 query goes to kernels/exact_attention.c (built once per process by
+kernels/native.py): the same float64 quantities, per query row, over only the keys the row may see
+in cache order, rounded once to float32. It reads the cache without converting it (2.5x faster than
+the torch path at 1,000 keys here). Calls of several rows (prefill, tree passes) stay on the torch
+path below, where batched products share each key across rows (the per-row kernel was slower there:
+docs/performance.md). Both paths compute the same float64 quantities and round once, so a token's
+output agrees between them exactly as it does between tree and one-token torch calls: the argument
+above.
 """
 
 from __future__ import annotations
 
+import ctypes as ct
 from dataclasses import dataclass
 
 import torch
+
+from . import native
 
 PREFILL_CHUNK = 128  # queries per block of a causal prefill
 
@@ -41,6 +54,7 @@ class PreparedMask:
     blocked: torch.Tensor | None  # bool [B|1, Hkv|1, G|1, T, S]: True = may not attend
     additive: torch.Tensor | None  # float64, same layout (an additive mask instead)
     may_see_nothing: bool  # some row may attend to no key (left padding): check for NaN rows
+    allowed: torch.Tensor | None = None  # uint8 [B|1, T, S] (1 = may attend) for the native path: one mask for every head
 
 
 def prepare_mask(mask: torch.Tensor, Hq: int, Hkv: int) -> PreparedMask:
@@ -49,7 +63,8 @@ def prepare_mask(mask: torch.Tensor, Hq: int, Hkv: int) -> PreparedMask:
     m = mask.reshape(mask.shape[0], -1, mask.shape[-2], mask.shape[-1])  # [B|1, 1|Hq, T, S]
     m = m.reshape(m.shape[0], Hkv if m.shape[1] == Hq else 1, G if m.shape[1] == Hq else 1, *m.shape[-2:])
     if m.dtype == torch.bool:
-        return PreparedMask(~m, None, not bool(m.any(-1).all()))
+        allowed = mask.reshape(mask.shape[0], mask.shape[-2], mask.shape[-1]).to(torch.uint8) if m.shape[1] == m.shape[2] == 1 else None
+        return PreparedMask(~m, None, not bool(m.any(-1).all()), allowed)
     return PreparedMask(None, m.to(torch.float64), True)
 
 
@@ -68,6 +83,9 @@ def exact_attention(
     Hkv, S = key.shape[1], key.shape[2]
     G = Hq // Hkv
     scale = D**-0.5 if scale is None else scale
+    native_out = native_attention(query, key, value, mask, scale) if T == 1 else None
+    if native_out is not None:
+        return native_out
     if mask is None and T > PREFILL_CHUNK:  # a causal prefill: query chunk c sees keys < its end only,
         ends = range(PREFILL_CHUNK, T + PREFILL_CHUNK, PREFILL_CHUNK)  # which halves the work; rows unchanged
         return torch.cat([exact_attention(query[:, :, e - PREFILL_CHUNK:min(e, T)], key[:, :, :S - T + min(e, T)],
@@ -93,3 +111,47 @@ def exact_attention(
     probs = probs.view(B, Hkv, G * T, S)
     out = probs @ v  # [B, Hkv, G*T, D]
     return out.view(B, Hq, T, D).to(query.dtype)
+
+
+def _library():
+    lib, _ = native.get("exact_attention")
+    if lib is not None and lib.spectui_exact_attention.argtypes is None:
+        lib.spectui_exact_attention.restype = ct.c_int
+        lib.spectui_exact_attention.argtypes = [ct.c_int64] * 6 + [ct.c_void_p] * 3 + [ct.c_int] + [ct.c_int64] * 3 + [
+            ct.c_void_p, ct.c_int64, ct.c_int64, ct.c_double, ct.c_void_p, ct.c_int]
+    return lib
+
+
+def native_attention(query, key, value, mask, scale: float) -> torch.Tensor | None:
+    """exact_attention.c's result [B, Hq, T, D] float32, or None where it does not apply (not a float32
+    CPU query, keys and values not alike in dtype and strides, an additive or per-head mask, no library)."""
+    B, Hq, T, D = query.shape
+    Hkv, S = key.shape[1], key.shape[2]
+    if (query.device.type != "cpu" or query.dtype != torch.float32 or key.dtype != value.dtype
+            or key.dtype not in (torch.float32, torch.float64) or key.stride() != value.stride() or key.stride(3) != 1
+            or D % 4 or D > 256 or Hq % Hkv or key.shape[0] != B or S < T):
+        return None
+    allowed = None
+    if mask is not None:
+        if isinstance(mask, PreparedMask):
+            allowed = mask.allowed
+        elif mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1:
+            allowed = mask[:, 0].to(torch.uint8)  # [B|1, T, S]
+        if allowed is None:
+            return None
+        allowed = allowed.contiguous()
+        if allowed.shape[-2:] != (T, S):
+            return None
+    lib = _library()
+    if lib is None:
+        return None
+    q = query.contiguous()  # [B, Hq, T, D]
+    out = torch.empty(B, Hq, T, D, dtype=torch.float32)
+    mask_sb = 0 if allowed is None or allowed.shape[0] == 1 else allowed.stride(0)
+    failed = lib.spectui_exact_attention(
+        B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), int(key.dtype == torch.float64),
+        key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
+        0 if allowed is None else allowed.stride(1), float(scale), out.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError("the exact attention kernel could not allocate its scratch")
+    return out

@@ -14,29 +14,21 @@ attention). The order differs from MKL's, so results differ from bitsandbytes' f
 last bits: the kernel is *installed* into the verifier (`install`), as the guarded output layer is,
 and every user of that model, transformers' own `generate` included, computes with it.
 
-Built at first use with the system C compiler (`cc`, or $CC) into a folder the caller names, keyed by
-a hash of the source, the flags and the compiler; where there is no compiler, no AVX2/FMA, or a
-layout it does not handle (a bias, nested statistics, shapes not in blocks), `install` leaves the
-layers as they are and says why (`KernelInfo`).
+Built at first use with the system C compiler (kernels/native.py); where there is no compiler, no
+AVX2/FMA, or a layout it does not handle (a bias, nested statistics, shapes not in blocks), `install`
+leaves the layers as they are and says why (`KernelInfo`).
 """
 
 from __future__ import annotations
 
 import ctypes as ct
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("nf4_cpu.c")
-FLAGS = ["-O2", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
-DISABLE_VAR = "SPECTUI_NF4_KERNEL"  # "0" keeps bitsandbytes' own CPU path (for comparison)
+from . import native
+
 ROWS = 4  # output rows per task in nf4_cpu.c
 
 
@@ -50,65 +42,6 @@ class KernelInfo:
         if self.installed:
             return f"spectui 4-bit kernel (AVX2, {self.installed} layers)"
         return f"bitsandbytes ({self.reason})"
-
-
-def cpu_supported() -> bool:
-    """x86-64 with AVX2 and FMA (torch reports AVX2 or AVX512 capability only where both are there)."""
-    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-
-
-def compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def compiler_version(cc: str) -> str:
-    try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return ""
-
-
-_LIBRARY: dict[str, ct.CDLL] = {}  # built file -> loaded library, once per process
-
-
-def build(folder: Path | None) -> tuple[ct.CDLL | None, str]:
-    """(the compiled kernel, "") or (None, why not). Built once per source, flags and compiler."""
-    cc = compiler()
-    if cc is None:
-        return None, "no C compiler (cc) found"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + compiler_version(cc).encode()).hexdigest()[:16]
-    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / f"spectui-kernels-{os.getuid()}"
-    target = folder / f"nf4_cpu-{key}.so"
-    if str(target) in _LIBRARY:
-        return _LIBRARY[str(target)], ""
-    if not target.exists():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".nf4_cpu-", suffix=".so", dir=folder)
-            os.close(fd)
-            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                os.unlink(tmp)
-                first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                return None, f"compiling the 4-bit kernel failed: {first}"
-            os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
-            for stale in folder.glob("nf4_cpu-*.so"):  # builds of older sources or compilers
-                if stale != target:
-                    stale.unlink(missing_ok=True)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"compiling the 4-bit kernel failed: {exc}"
-    try:
-        lib = ct.CDLL(str(target))
-    except OSError as exc:
-        return None, f"loading the 4-bit kernel failed: {exc}"
-    lib.spectui_nf4_matmul.restype = ct.c_int
-    lib.spectui_nf4_matmul.argtypes = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p,
-                                       ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
-    _LIBRARY[str(target)] = lib
-    return lib, ""
 
 
 def layout_problem(module) -> str | None:
@@ -184,9 +117,9 @@ def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def install(model, folder: Path | None = None) -> KernelInfo:
     """Compute every Linear4bit of `model` with the kernel (all or none); KernelInfo says how many, or why not."""
-    if os.environ.get(DISABLE_VAR, "1").strip() == "0":
-        return KernelInfo(reason=f"{DISABLE_VAR}=0")
-    if not cpu_supported():
+    if native.disabled():
+        return KernelInfo(reason=f"{native.DISABLE_VAR}=0")
+    if not native.cpu_supported():
         return KernelInfo(reason="the CPU lacks AVX2/FMA")
     try:
         import bitsandbytes as bnb
@@ -200,9 +133,12 @@ def install(model, folder: Path | None = None) -> KernelInfo:
     for m in layers:
         if (problem := layout_problem(m)) is not None:
             return KernelInfo(reason=f"a 4-bit layer has {problem}")
-    lib, why = build(folder)
+    lib, why = native.get("nf4_cpu", folder)
     if lib is None:
         return KernelInfo(reason=why)
+    lib.spectui_nf4_matmul.restype = ct.c_int
+    lib.spectui_nf4_matmul.argtypes = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p,
+                                       ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
     for m in layers:
         m.spectui_kernel = KernelMatmul(lib.spectui_nf4_matmul, [m])
         m.spectui_plain_forward = m.forward  # bitsandbytes' own, for what the kernel does not serve

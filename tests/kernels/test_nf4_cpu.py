@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectui.kernels import nf4_cpu
+from spectui.kernels import native, nf4_cpu
 
-pytestmark = pytest.mark.skipif(not nf4_cpu.cpu_supported() or nf4_cpu.compiler() is None,
+pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() is None,
                                 reason="the kernel needs x86-64 with AVX2/FMA and a C compiler")
 
 
@@ -88,7 +88,8 @@ def test_layers_the_kernel_cannot_take_are_left_to_bitsandbytes(tmp_path):
 
 
 def test_without_a_compiler_nothing_is_installed_and_the_reason_is_given(tmp_path, monkeypatch):
-    monkeypatch.setattr(nf4_cpu.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native, "_LOADED", {})  # a new process: nothing built yet
     layer = linear_4bit(128, 64, "nf4", 0)
     info = nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
     assert info.installed == 0 and "compiler" in info.reason
@@ -96,20 +97,25 @@ def test_without_a_compiler_nothing_is_installed_and_the_reason_is_given(tmp_pat
 
 
 def test_the_build_is_kept_and_reused(tmp_path):
-    lib, why = nf4_cpu.build(tmp_path)
+    lib, why = native.build("nf4_cpu", tmp_path)
     assert lib is not None, why
     built = list(tmp_path.glob("nf4_cpu-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    nf4_cpu._LIBRARY.clear()  # a new process: the file is found, not compiled again
-    assert nf4_cpu.build(tmp_path)[0] is not None
+    assert native.build("nf4_cpu", tmp_path)[0] is not None  # found, not compiled again
     assert built[0].stat().st_mtime_ns == stamp
     stale = tmp_path / "nf4_cpu-0123456789abcdef.so"  # a build of an older source
     stale.write_bytes(b"old")
     built[0].unlink()
-    nf4_cpu._LIBRARY.clear()
-    assert nf4_cpu.build(tmp_path)[0] is not None
+    assert native.build("nf4_cpu", tmp_path)[0] is not None
     assert [p.name for p in tmp_path.glob("nf4_cpu-*.so")] == [built[0].name]  # built again, the stale one gone
+
+
+def test_switched_off_by_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(native.DISABLE_VAR, "0")
+    layer = linear_4bit(128, 64, "nf4", 0)
+    info = nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
+    assert info.installed == 0 and native.DISABLE_VAR in info.reason
 
 
 def test_training_keeps_bitsandbytes_path(tmp_path):
