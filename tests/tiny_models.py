@@ -1,4 +1,5 @@
-"""Tiny random LLaMA folders for tests (engine and app): seeded, sharing a real tokenizer's vocabulary."""
+"""Tiny random LLaMA folders for tests (engine and app): seeded, sharing a real tokenizer's vocabulary; and
+a check that two saved weight files hold the same tensors (resumed training against uninterrupted)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def save_tiny_llama(folder: Path, tokenizer_dir: Path, seed: int, vocab: int | N
         if not chat_template:
             (folder / "chat_template.jinja").unlink(missing_ok=True)
     return folder
+
+
+def assert_same_weights(got: Path, expected: Path) -> None:
+    """Both safetensors files hold the same tensor names, each with the same values to the bit."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(got), load_file(expected)
+    assert a.keys() == b.keys()
+    for name in b:
+        assert torch.equal(a[name], b[name]), name

@@ -28,6 +28,8 @@ from spectui.engine.tune.config import TuneConfig
 from spectui.engine.tune.magpie import Deduper, normalise, synthesise
 from spectui.engine.tune.pipeline import run_tune
 
+from tiny_models import assert_same_weights
+
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 # A tiny SSM and a tiny run; every flag is a real CLI option.
 TUNE_ARGS = [
@@ -133,11 +135,7 @@ def test_resume_continues_training_exactly_from_the_checkpoint(tuned, tiny_verif
     assert "ssm-2: resuming from the checkpoint at step 2/" in (out / "tune.log").read_text()
     assert "ssm-1: finished earlier" in (out / "tune.log").read_text()
     assert {p.name: p.stat().st_mtime_ns for p in (out / "data").iterdir()} == shard_times  # no answer regenerated
-    resumed = load_file(out / "ssm-2" / "model.safetensors")
-    original = load_file(tuned / "ssm-2" / "model.safetensors")
-    assert resumed.keys() == original.keys()
-    for name in original:
-        assert torch.equal(resumed[name], original[name]), name
+    assert_same_weights(out / "ssm-2" / "model.safetensors", tuned / "ssm-2" / "model.safetensors")
 
 
 def test_magpie_on_the_tiny_verifier_returns_distinct_prompts(tiny_verifier):

@@ -14,8 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from spectui.cli import app
@@ -26,6 +24,8 @@ from spectui.engine.presets import resolve_model
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.tune.config import TuneConfig
 from spectui.engine.tune.pipeline import run_tune
+
+from tiny_models import assert_same_weights
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 ARGS = ["--ssms", "0", "--feature-head", "--feature-epochs", "4", "--feature-vocab", "512", "--tokens", "250",
@@ -93,11 +93,7 @@ def test_resume_reuses_the_features_and_continues_training_exactly(tuned, tiny_v
     run_tune(cfg)
     assert "feature head: resuming from the checkpoint at step 2/" in (out / "tune.log").read_text()
     assert {p.name: p.stat().st_mtime_ns for p in (out / "features").iterdir()} == feature_times  # not recomputed
-    resumed = load_file(out / "feature-head" / "feature_head.safetensors")
-    original = load_file(tuned / "feature-head" / "feature_head.safetensors")
-    assert resumed.keys() == original.keys()
-    for name in original:
-        assert torch.equal(resumed[name], original[name]), name
+    assert_same_weights(out / "feature-head" / "feature_head.safetensors", tuned / "feature-head" / "feature_head.safetensors")
 
 
 def test_feature_head_options_are_checked(tmp_path):
