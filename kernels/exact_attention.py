@@ -54,7 +54,7 @@ class PreparedMask:
     blocked: torch.Tensor | None  # bool [B|1, Hkv|1, G|1, T, S]: True = may not attend
     additive: torch.Tensor | None  # float64, same layout (an additive mask instead)
     may_see_nothing: bool  # some row may attend to no key (left padding): check for NaN rows
-    allowed: torch.Tensor | None = None  # uint8 [B|1, T, S] (1 = may attend) for the native path: one mask for every head
+    allowed: torch.Tensor | None = None  # uint8 [B|1, 1, S] (1 = may attend): a one-row mask for every head, for the native path
 
 
 def prepare_mask(mask: torch.Tensor, Hq: int, Hkv: int) -> PreparedMask:
@@ -63,7 +63,8 @@ def prepare_mask(mask: torch.Tensor, Hq: int, Hkv: int) -> PreparedMask:
     m = mask.reshape(mask.shape[0], -1, mask.shape[-2], mask.shape[-1])  # [B|1, 1|Hq, T, S]
     m = m.reshape(m.shape[0], Hkv if m.shape[1] == Hq else 1, G if m.shape[1] == Hq else 1, *m.shape[-2:])
     if m.dtype == torch.bool:
-        allowed = mask.reshape(mask.shape[0], mask.shape[-2], mask.shape[-1]).to(torch.uint8) if m.shape[1] == m.shape[2] == 1 else None
+        one_row_one_mask = mask.shape[-2] == 1 and m.shape[1] == m.shape[2] == 1  # what the native path takes
+        allowed = mask.reshape(mask.shape[0], 1, mask.shape[-1]).to(torch.uint8) if one_row_one_mask else None
         return PreparedMask(~m, None, not bool(m.any(-1).all()), allowed)
     return PreparedMask(None, m.to(torch.float64), True)
 
@@ -113,13 +114,10 @@ def exact_attention(
     return out.view(B, Hq, T, D).to(query.dtype)
 
 
-def _library():
-    lib, _ = native.get("exact_attention")
-    if lib is not None and lib.spectui_exact_attention.argtypes is None:
-        lib.spectui_exact_attention.restype = ct.c_int
-        lib.spectui_exact_attention.argtypes = [ct.c_int64] * 6 + [ct.c_void_p] * 3 + [ct.c_int] + [ct.c_int64] * 3 + [
-            ct.c_void_p, ct.c_int64, ct.c_int64, ct.c_double, ct.c_void_p, ct.c_int]
-    return lib
+# spectui_exact_attention(B, Hq, Hkv, T, S, D, q, k, v, kv_double, kv_sb, kv_sh, kv_sj, mask, mask_sb, mask_st,
+#                         scale, out, threads)
+ARGTYPES = [ct.c_int64] * 6 + [ct.c_void_p] * 3 + [ct.c_int] + [ct.c_int64] * 3 + [
+    ct.c_void_p, ct.c_int64, ct.c_int64, ct.c_double, ct.c_void_p, ct.c_int]
 
 
 def native_attention(query, key, value, mask, scale: float) -> torch.Tensor | None:
@@ -142,13 +140,13 @@ def native_attention(query, key, value, mask, scale: float) -> torch.Tensor | No
         allowed = allowed.contiguous()
         if allowed.shape[-2:] != (T, S):
             return None
-    lib = _library()
-    if lib is None:
+    kernel, _ = native.function("exact_attention", "spectui_exact_attention", ARGTYPES)
+    if kernel is None:
         return None
     q = query.contiguous()  # [B, Hq, T, D]
     out = torch.empty(B, Hq, T, D, dtype=torch.float32)
     mask_sb = 0 if allowed is None or allowed.shape[0] == 1 else allowed.stride(0)
-    failed = lib.spectui_exact_attention(
+    failed = kernel(
         B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), int(key.dtype == torch.float64),
         key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
         0 if allowed is None else allowed.stride(1), float(scale), out.data_ptr(), torch.get_num_threads())

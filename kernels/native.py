@@ -57,8 +57,6 @@ def default_folder() -> Path:
 
 def build(name: str, folder: Path | None) -> tuple[ct.CDLL | None, str]:
     """Compile kernels/<name>.c into `folder` unless an equal build is there, and load it -> (library, "") or (None, why)."""
-    if disabled():
-        return None, f"{DISABLE_VAR}=0"
     if not cpu_supported():
         return None, "the CPU lacks AVX2/FMA"
     cc = compiler()
@@ -91,7 +89,20 @@ def build(name: str, folder: Path | None) -> tuple[ct.CDLL | None, str]:
 
 
 def get(name: str, folder: Path | None = None) -> tuple[ct.CDLL | None, str]:
-    """This process's library for kernels/<name>.c (built on first call), or (None, why not)."""
+    """This process's library for kernels/<name>.c (built on first call), or (None, why not); the
+    switch is read on every call, so turning the kernels off holds after a build too."""
+    if disabled():
+        return None, f"{DISABLE_VAR}=0"
     if name not in _LOADED:
         _LOADED[name] = build(name, folder)
     return _LOADED[name]
+
+
+def function(name: str, symbol: str, argtypes: list, folder: Path | None = None):
+    """(the C function `symbol` of kernels/<name>.c, returning int, with these argument types, "") or (None, why not)."""
+    lib, why = get(name, folder)
+    if lib is None:
+        return None, why
+    fn = getattr(lib, symbol)
+    fn.restype, fn.argtypes = ct.c_int, argtypes
+    return fn, ""

@@ -30,6 +30,9 @@ import torch
 from . import native
 
 ROWS = 4  # output rows per task in nf4_cpu.c
+# spectui_nf4_matmul(M, N, K, x, ldx, w, absmax, bs, code, y, ldy, threads)
+ARGTYPES = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64,
+            ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
 
 
 @dataclass
@@ -117,10 +120,6 @@ def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def install(model, folder: Path | None = None) -> KernelInfo:
     """Compute every Linear4bit of `model` with the kernel (all or none); KernelInfo says how many, or why not."""
-    if native.disabled():
-        return KernelInfo(reason=f"{native.DISABLE_VAR}=0")
-    if not native.cpu_supported():
-        return KernelInfo(reason="the CPU lacks AVX2/FMA")
     try:
         import bitsandbytes as bnb
     except ImportError:
@@ -133,14 +132,11 @@ def install(model, folder: Path | None = None) -> KernelInfo:
     for m in layers:
         if (problem := layout_problem(m)) is not None:
             return KernelInfo(reason=f"a 4-bit layer has {problem}")
-    lib, why = native.get("nf4_cpu", folder)
-    if lib is None:
+    fn, why = native.function("nf4_cpu", "spectui_nf4_matmul", ARGTYPES, folder)  # disabled, no AVX2, no compiler: why
+    if fn is None:
         return KernelInfo(reason=why)
-    lib.spectui_nf4_matmul.restype = ct.c_int
-    lib.spectui_nf4_matmul.argtypes = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p,
-                                       ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
     for m in layers:
-        m.spectui_kernel = KernelMatmul(lib.spectui_nf4_matmul, [m])
+        m.spectui_kernel = KernelMatmul(fn, [m])
         m.spectui_plain_forward = m.forward  # bitsandbytes' own, for what the kernel does not serve
         m.forward = kernel_forward.__get__(m)  # this instance only: Linear4bit itself is untouched
     return KernelInfo(installed=len(layers))
