@@ -33,6 +33,10 @@ AutoDrafting decides what to draft:
   MIN_EXPLORE_EVERY): exploring costs at most EXPLORE_SHARE of incremental time per SSM, however
   cheap a verify step is next to a draft, and a speculator that starts to agree (a copying phase,
   another topic) is still noticed;
+- its drafting cost is the mean of its forwards in a step: each level, and the catch-up of the
+  committed tokens when it is a step's usual few (STEADY_CATCH_UP); feeding it a whole prompt, or
+  the tokens of the steps it sat out, is not what one more step of drafting costs, and counting
+  that made an SSM that had been idle look too dear to run again;
 - it drafts depth by depth (top-3 under the root, top-2 below, the 2 best candidates fed each
   level) and stops when the next level's best hope, v(best frontier node) * a_next, per ms it would
   add (one SSM forward + one more verified node) no longer beats R.
@@ -56,6 +60,8 @@ EXPLORE_SHARE = 0.015  # of incremental time an SSM that does not pay may spend 
 MIN_EXPLORE_EVERY = 8  # steps between its explorations, at least
 GAIN_EMA = 0.25
 GAIN_PRIOR = 0.3  # tokens a new SSM is assumed to add per step until measured
+STEADY_CATCH_UP = 4  # tokens: a catch-up this short is a step's usual forward; longer ones (its first
+# step on a prompt, after idle steps) are not timed as its drafting cost
 
 
 @dataclass
@@ -175,8 +181,9 @@ class AutoDrafting:
         for source, drafter in enumerate(drafters):
             if drafter.kind != "model" or not self.worth_running(drafter.name):
                 continue
-            began, forwards = time.perf_counter(), 1
+            began = time.perf_counter()
             candidates = drafter.begin(committed, tree, source, ROOT_WIDTH)
+            forwards = [time.perf_counter() - began] if drafter.fed_last <= STEADY_CATCH_UP else []
             for depth in range(2, MAX_DEPTH + 1):
                 if not candidates:
                     break
@@ -187,10 +194,12 @@ class AutoDrafting:
                 extra_ms = self.costs.draft(drafter.name) + self.costs.verify(plan.size + 1) - self.costs.verify(plan.size)
                 if hope <= rate * extra_ms:
                     break
+                began = time.perf_counter()
                 candidates = drafter.expand(tree, source, frontier, WIDTH)
-                forwards += 1
+                forwards.append(time.perf_counter() - began)
             drafter.finish()
-            self.costs.observe_draft(drafter.name, (time.perf_counter() - began) * 1000 / forwards)
+            if forwards:
+                self.costs.observe_draft(drafter.name, sum(forwards) * 1000 / len(forwards))
             ran.append(drafter.name)
         tree = apply_policy(tree, merge)
         values = node_values(tree, self.predictor(tree, names))

@@ -30,6 +30,7 @@ class ModelDrafter:
         self.ids: list[int] = []  # the tokens whose key/values sit in the SSM cache
         self.ready: torch.Tensor | None = None  # logits [1, V] after ids[-1], from a prefetch (pipeline.py)
         self.prefetches = self.hits = 0  # prefetches run, and those whose guess the verifier confirmed
+        self.fed_last = 0  # tokens the last catch_up fed
 
     @property
     def synced(self) -> int:
@@ -56,8 +57,10 @@ class ModelDrafter:
             self.reset()
         if ready is not None and self.ids == committed:
             self.hits += 1
+            self.fed_last = 0
             return ready
         kept = self.runner.rewind(self.ids, committed)  # the shared prefix, all but committed's last token at most
+        self.fed_last = len(committed) - kept
         root_logits = self.runner.forward_chain(committed[kept:], last_only=True)  # [1, V]
         self.ids = list(committed)
         return root_logits

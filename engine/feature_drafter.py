@@ -42,6 +42,7 @@ class FeatureDrafter:
         self.kv = torch.zeros(2, 1, c.kv_heads, MIN_CAPACITY, c.head_dim, dtype=self.dtype)  # slot j: position j + 1
         self.fed = 0  # committed slots (positions 1 .. fed)
         self.used = 0  # slots in use, drafted ones included
+        self.fed_last = 0  # positions the last catch_up fed
 
     # ----------------------------------------------------------------- state
     def reset(self) -> None:
@@ -105,6 +106,7 @@ class FeatureDrafter:
         self.fed = self.used = min(self.fed, n - 1)  # the root is always fed again: its output is needed
         positions = list(range(self.fed + 1, n + 1))
         prev = torch.stack([self._prev(p) for p in positions])  # [T, H]
+        self.fed_last = len(positions)
         out = self._run([committed[p] for p in positions], prev, positions, None)
         self.fed = n
         self.tokens = list(committed)

@@ -120,3 +120,39 @@ def test_accepted_tokens_are_credited_to_the_first_ssm_that_drafted_them():
     own = tree.add(copied, 12, 1, 0.6)  # boost's alone
     assert credited(tree, [shared, copied, own], names, ["feature", "boost"]) == {"feature": 1, "boost": 1}
     assert credited(tree, [shared], names, ["boost", "feature"][::-1]) == {"feature": 1, "boost": 0}
+
+
+def test_drafting_cost_is_a_steps_forwards_not_a_long_catch_up():
+    """Feeding an SSM a whole prompt (its first step) or the steps it sat out is not what a step of
+    drafting costs: those forwards are left out of its drafting cost, usual short catch-ups count."""
+    import time
+
+    from spectui.engine.acceptance_model import AcceptanceModel, prob_bin
+    from spectui.engine.auto_tree import STEADY_CATCH_UP, AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    class SleepingDrafter:  # a drafter whose forwards take known times: 2 ms a fed token, 2 ms a level
+        kind, name = "model", "ssm"
+
+        def __init__(self) -> None:
+            self.seen = self.fed_last = 0
+
+        def begin(self, committed, tree, source, width):
+            self.fed_last, self.seen = len(committed) - self.seen, len(committed)
+            time.sleep(0.002 * self.fed_last)
+            return [tree.add(0, 7, source, 0.9, prob_bin(0.9))]
+
+        def expand(self, tree, source, frontier, width):
+            time.sleep(0.002)
+            return [tree.add(frontier[0], 8 + tree.depths[frontier[0]], source, 0.9, prob_bin(0.9))]
+
+        def finish(self) -> None:
+            pass
+
+    costs = CostModel({1: 40.0, 2: 41.0, 4: 42.0, 8: 44.0})  # no drafting cost known yet: the first one is taken whole
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}))
+    drafter = SleepingDrafter()
+    auto.draft(list(range(60)), [drafter], "union")  # catches up 60 tokens: 120 ms
+    assert drafter.fed_last > STEADY_CATCH_UP and costs.draft("ssm") < 5.0  # counted, it would be >= 13 ms
+    auto.draft(list(range(62)), [drafter], "union")  # a usual step: 2 tokens, 4 ms
+    assert drafter.fed_last <= STEADY_CATCH_UP and 1.5 < costs.draft("ssm") < 10.0
