@@ -31,9 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.dense_cpu import dense
 from .lean_model import rms_norm, rotate  # the verifier's own RMSNorm and rotary arithmetic
 
 CONFIG_FILE = "feature_head.json"
+LINEARS = ("fc", "qkv", "o", "gate_up", "down")
 WEIGHTS_FILE = "feature_head.safetensors"
 
 
@@ -83,6 +85,7 @@ class FeatureHead(nn.Module):
         self.embed: torch.Tensor | None = None  # [V, H]
         self.draft_rows: torch.Tensor | None = None  # [Vd, H]
         object.__setattr__(self, "verifier", None)
+        self.kernels: dict = {}  # layer name -> kernels/dense_cpu.py's kernel (inference on AVX2 CPUs; use_kernels)
 
     def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, dtype=None, verifier=None) -> None:
         """Borrow the verifier's embedding [V, H] and its output layer's rows for vocab_ids ([Vd, H]);
@@ -92,13 +95,29 @@ class FeatureHead(nn.Module):
         self.embed = embed_weight.detach().to(dtype)
         self.draft_rows = head_weight.detach()[self.vocab_ids].to(dtype)
 
+    def use_kernels(self) -> bool:
+        """Run inference through kernels/dense_cpu.py where it serves this CPU (AVX2 without AVX512-BF16,
+        fp32 weights): about 2x faster drafting there. Training never calls this. True if it does."""
+        if self.fc.weight.dtype != torch.float32:
+            return False
+        kernels = {name: dense(getattr(self, name).weight, getattr(self, name).bias) for name in LINEARS}
+        kernels["draft"] = dense(self.draft_rows)
+        if any(k is None for k in kernels.values()):
+            return False
+        self.kernels = kernels
+        return True
+
+    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        kernel = self.kernels.get(name)
+        return kernel(x) if kernel is not None else getattr(self, name)(x)
+
     def layer(self, u: torch.Tensor, positions: torch.Tensor, past: tuple | None, mask) -> tuple[torch.Tensor, tuple]:
         """u [B, T, H] -> (f^ [B, T, H], (keys, values) [B, Hkv, S, D] with the past first)."""
         c = self.config
         B, T, _ = u.shape
         Hq, Hkv, D = c.heads, c.kv_heads, c.head_dim
         x = rms_norm(u, (self.norm_in, c.rms_eps))
-        q, k, v = self.qkv(x).view(B, T, Hq + 2 * Hkv, D).transpose(1, 2).split([Hq, Hkv, Hkv], dim=1)
+        q, k, v = self.linear("qkv", x).view(B, T, Hq + 2 * Hkv, D).transpose(1, 2).split([Hq, Hkv, Hkv], dim=1)
         cos, sin = rope(positions, D, c.rope_theta, u.dtype)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if past is not None:
@@ -107,18 +126,20 @@ class FeatureHead(nn.Module):
             S = k.shape[2]
             mask = torch.ones(T, S, dtype=torch.bool, device=u.device).tril_(S - T)[None, None]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, Hq, T, D]
-        h = u + self.o(out.transpose(1, 2).reshape(B, T, Hq * D))
-        gate, up = self.gate_up(rms_norm(h, (self.norm_post, c.rms_eps))).chunk(2, dim=-1)
-        return h + self.down(F.silu(gate) * up), (k, v)
+        h = u + self.linear("o", out.transpose(1, 2).reshape(B, T, Hq * D))
+        gate, up = self.linear("gate_up", rms_norm(h, (self.norm_post, c.rms_eps))).chunk(2, dim=-1)
+        return h + self.linear("down", F.silu(gate) * up), (k, v)
 
     def forward(self, tokens: torch.Tensor, prev_features: torch.Tensor, positions: torch.Tensor,
                 past: tuple | None = None, mask=None) -> tuple[torch.Tensor, tuple]:
         """tokens [B, T] (x_t), prev_features [B, T, H] (f_{t-1}), positions [B, T] -> (f^_t [B, T, H], cache)."""
-        u = self.fc(torch.cat([self.embed[tokens], prev_features.to(self.fc.weight.dtype)], dim=-1))
+        u = self.linear("fc", torch.cat([self.embed[tokens], prev_features.to(self.fc.weight.dtype)], dim=-1))
         return self.layer(u, positions, past, mask)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """f^ [..., H] -> logits over the draft vocabulary [..., Vd] (index with vocab_ids for token ids)."""
+        if "draft" in self.kernels:
+            return self.kernels["draft"](features)
         return features @ self.draft_rows.T
 
     # ------------------------------------------------------------------ files

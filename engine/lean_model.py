@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.argmax_head import ArgmaxScreen, screen_supported
+from ..kernels.dense_cpu import dense
 from ..kernels.exact_attention import exact_attention, prepare_mask
 from ..kernels.guarded_head import GuardedHead
 from ..kernels.hf_attention import EXACT_NAME
@@ -84,7 +85,7 @@ class Projection:
     """x [T, H] -> cat(module_1(x), ..., module_k(x)) [T, N]: one fused 4-bit call where bitsandbytes'
     CPU kernel runs these modules; one matmul over their stacked weights for plain bias-free Linears
     when `stack_dense` (an SSM: not the same rounding as separate products, which only an exact
-    verifier needs); else the modules themselves."""
+    verifier needs), through kernels/dense_cpu.py where that serves this CPU; else the modules themselves."""
 
     def __init__(self, modules, stack_dense: bool = False) -> None:
         self.modules = list(modules)
@@ -92,10 +93,13 @@ class Projection:
         self.stacked = None
         if self.packed is None and stack_dense and all(type(m) is torch.nn.Linear and m.bias is None for m in modules):
             self.stacked = torch.cat([m.weight for m in self.modules]).detach()  # [N, H]
+        self.dense = dense(self.stacked) if self.stacked is not None and self.stacked.dtype == torch.float32 else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return self.packed(x)
+        if self.dense is not None:
+            return self.dense(x)
         if self.stacked is not None:
             return F.linear(x, self.stacked)
         outs = [m(x) for m in self.modules]
@@ -108,9 +112,9 @@ class Layer:
         self.norm_in = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         self.norm_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
         self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], stack_dense)
-        self.o = Projection([attn.o_proj])
+        self.o = Projection([attn.o_proj], stack_dense)
         self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], stack_dense)
-        self.down = Projection([mlp.down_proj])
+        self.down = Projection([mlp.down_proj], stack_dense)
         self.scaling = attn.scaling
 
 
@@ -139,6 +143,8 @@ class LeanModel:
         self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.head = model.lm_head
         self.exact = config._attn_implementation == EXACT_NAME  # else SDPA, in the model's dtype
+        plain_head = not self.exact and getattr(self.head, "bias", None) is None and self.head.weight.dtype == torch.float32
+        self.dense_head = dense(self.head.weight) if plain_head else None  # an SSM's output layer (dense_cpu.py)
         self.layers = [Layer(layer, stack_dense=not self.exact) for layer in model.model.layers]
         self.cache_dtype = torch.float64 if self.exact else model.model.embed_tokens.weight.dtype
         self.heads = config.num_attention_heads
@@ -223,6 +229,8 @@ class LeanModel:
             if self._screen is None:
                 self._screen = ArgmaxScreen(self.head)
             return self._screen(h)
+        if self.dense_head is not None:
+            return self.dense_head(h)
         return self.head(h).float()
 
     @torch.inference_mode()

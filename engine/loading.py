@@ -282,6 +282,8 @@ def load_feature_head(name: str, folder: Path, verifier, device: str):
             f"feature head {name} was made for another verifier (hidden size {head.config.hidden}, "
             f"the verifier's {config.hidden_size})", usage=True)
     head.attach(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight, verifier=verifier)
+    if device == "cpu":
+        head.use_kernels()  # AVX2 CPUs without AVX512-BF16: kernels/dense_cpu.py
     return head
 
 

@@ -1,0 +1,92 @@
+"""The drafters' dense kernel (kernels/dense_cpu.c): x @ W^T (+ b) over bf16 weights, for any number
+of rows, threads and output sizes, and where it is wired in (LeanModel's SSM path, the feature head)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spectui.kernels import dense_cpu, native
+
+pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() is None,
+                                reason="the kernel needs x86-64 with AVX2/FMA and a C compiler")
+
+
+def kernel(weight, bias=None):
+    fn, why = native.function("dense_cpu", "spectui_dense_bf16", dense_cpu.ARGTYPES)
+    assert fn is not None, why
+    return dense_cpu.DenseKernel(fn, weight, bias)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 64, 130])
+@pytest.mark.parametrize("N,K", [(64, 32), (30, 16), (7, 8), (8192, 576)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matches_the_fp32_product_over_the_same_weights(M, N, K, threads):
+    torch.manual_seed(M * 1000 + N + K)
+    weight, bias, x = torch.randn(N, K), torch.randn(N), torch.randn(M, K)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernel(weight, bias)(x)
+        plain = kernel(weight)(x[:, None, :])  # leading dims kept: [M, 1, N]
+    finally:
+        torch.set_num_threads(previous)
+    rounded = weight.to(torch.bfloat16).double()  # what the kernel multiplies by: bf16 widens exactly
+    want = x.double() @ rounded.T  # [M, N]
+    scale = (x.double().abs() @ rounded.abs().T).max()  # bound of the sum's rounding, up to a factor
+    assert got.shape == (M, N) and got.dtype == torch.float32 and plain.shape == (M, 1, N)
+    assert (got.double() - want - bias.double()).abs().max() <= 1e-5 * scale + 1e-6
+    assert (plain[:, 0].double() - want).abs().max() <= 1e-5 * scale + 1e-6
+
+
+def test_rows_do_not_depend_on_their_neighbours():
+    """A row's result is the same whether it is computed alone, second of two or inside a block."""
+    torch.manual_seed(0)
+    weight, x = torch.randn(96, 64), torch.randn(70, 64)
+    k = kernel(weight)
+    many = k(x)
+    for m in (0, 1, 5, 69):
+        alone = k(x[m : m + 1])
+        assert torch.allclose(alone[0], many[m], rtol=1e-6, atol=1e-5)
+
+
+def test_only_for_cpus_where_drafters_run_fp32(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert dense_cpu.dense(torch.randn(16, 8)) is None  # bf16 drafters through torch there
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert isinstance(dense_cpu.dense(torch.randn(16, 8)), dense_cpu.DenseKernel)
+    assert dense_cpu.dense(torch.randn(16, 12)) is None  # K not in blocks of 8
+    monkeypatch.setenv(native.DISABLE_VAR, "0")
+    assert dense_cpu.dense(torch.randn(16, 8)) is None
+
+
+def test_ssm_and_feature_head_layers_use_it_where_wanted(monkeypatch):
+    from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig
+    from spectui.engine.lean_model import LeanModel
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).eval()  # a tiny random SSM
+    lean = LeanModel(model)
+    assert lean.dense_head is not None and all(p.dense is not None for layer in lean.layers
+                                               for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    ids = [5, 9, 2, 7, 11, 3]
+    with torch.inference_mode():
+        got = lean.forward_chain(ids)  # [T, V]
+        want = model(torch.tensor([ids])).logits[0].float()
+    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item())  # bf16 weights: close, not equal
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
+
+    head = FeatureHead(FeatureHeadConfig(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, draft_vocab=32))
+    head.attach(torch.randn(100, 64), torch.randn(100, 64))
+    tokens, prev, positions = torch.tensor([[3, 4, 5]]), torch.randn(1, 3, 64), torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        plain, _ = head(tokens, prev, positions)
+        assert head.use_kernels() and set(head.kernels) == {"fc", "qkv", "o", "gate_up", "down", "draft"}
+        fast, _ = head(tokens, prev, positions)
+        assert torch.allclose(fast, plain, atol=0.02 * plain.abs().max().item())
+        assert torch.allclose(head.draft_logits(fast), fast @ head.draft_rows.T, rtol=1e-2, atol=1e-2)
