@@ -25,6 +25,7 @@
 #include <stdlib.h>
 
 #define ROWS 4 /* output rows per task: independent accumulator chains hide FMA latency */
+#define M_BLOCK 48 /* input rows per pass over the weights (prefill): 48 x 1536 fp32 = 288 KiB, within L2 */
 
 /* 8 consecutive weights from 4 bytes: lanes (b0 hi, b0 lo, b1 hi, b1 lo, ...) times the scale. */
 static inline __m256 decode8(const uint8_t *bytes, __m256 lut_lo, __m256 lut_hi, __m256i shifts, __m256 scale) {
@@ -117,32 +118,8 @@ static void gemv_rows(int64_t n0, int64_t K, const float *x, const uint8_t *w, c
     y[n0] = hsum(a0); y[n0 + 1] = hsum(a1); y[n0 + 2] = hsum(a2); y[n0 + 3] = hsum(a3);
 }
 
-/* M = 2 likewise: each decoded weight vector serves both input rows (same order per output). */
-static void gemv2_rows(int64_t n0, int64_t K, const float *x0, const float *x1, const uint8_t *w, const float *absmax,
-                       int64_t bs, const float *code, float *y0, float *y1) {
-    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
-    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
-    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2, *r2 = r1 + K / 2, *r3 = r2 + K / 2;
-    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs, *s2 = s1 + K / bs, *s3 = s2 + K / bs;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    for (int64_t k = 0; k < K; k += 8) {
-        const int64_t b = k / bs;
-        __m256 u = _mm256_loadu_ps(x0 + k), v = _mm256_loadu_ps(x1 + k), d;
-        d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
-        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(v, d, b0);
-        d = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
-        a1 = _mm256_fmadd_ps(u, d, a1); b1 = _mm256_fmadd_ps(v, d, b1);
-        d = decode8(r2 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s2[b]));
-        a2 = _mm256_fmadd_ps(u, d, a2); b2 = _mm256_fmadd_ps(v, d, b2);
-        d = decode8(r3 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s3[b]));
-        a3 = _mm256_fmadd_ps(u, d, a3); b3 = _mm256_fmadd_ps(v, d, b3);
-    }
-    y0[n0] = hsum(a0); y0[n0 + 1] = hsum(a1); y0[n0 + 2] = hsum(a2); y0[n0 + 3] = hsum(a3);
-    y1[n0] = hsum(b0); y1[n0 + 1] = hsum(b1); y1[n0 + 2] = hsum(b2); y1[n0 + 3] = hsum(b3);
-}
-
-/* M = 3 or 4: two weight rows at a time, each decoded vector serving four input rows (a fourth
- * row that is not there reads row 2 again and writes to `spare`). Same order per output. */
+/* M = 2 to 4: two weight rows at a time, each decoded vector serving four input rows (rows that
+ * are not there read the last one again and write to `spare`). Same order per output. */
 static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w, const float *absmax,
                        int64_t bs, const float *code, float *const ys[4]) {
     const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
@@ -167,6 +144,36 @@ static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const ui
     ys[2][n0] = hsum(a2); ys[2][n0 + 1] = hsum(b2); ys[3][n0] = hsum(a3); ys[3][n0 + 1] = hsum(b3);
 }
 
+/* M = 5 to 8: one weight row at a time, each decoded vector serving eight input rows (rows that are
+ * not there read the last one again and write to `spare`). Same order per output. */
+static void gemv8_row(int64_t n, int64_t K, const float *const xs[8], const uint8_t *w, const float *absmax,
+                      int64_t bs, const float *code, float *const ys[8]) {
+    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+    const uint8_t *r = w + n * K / 2;
+    const float *sc = absmax + n * (K / bs);
+    const float *x0 = xs[0], *x1 = xs[1], *x2 = xs[2], *x3 = xs[3], *x4 = xs[4], *x5 = xs[5], *x6 = xs[6], *x7 = xs[7];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; /* in registers */
+    for (int64_t k = 0; k < K; k += 8) {
+        const __m256 d = decode8(r + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(sc[k / bs]));
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), d, a0); a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k), d, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x2 + k), d, a2); a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x3 + k), d, a3);
+        a4 = _mm256_fmadd_ps(_mm256_loadu_ps(x4 + k), d, a4); a5 = _mm256_fmadd_ps(_mm256_loadu_ps(x5 + k), d, a5);
+        a6 = _mm256_fmadd_ps(_mm256_loadu_ps(x6 + k), d, a6); a7 = _mm256_fmadd_ps(_mm256_loadu_ps(x7 + k), d, a7);
+    }
+    ys[0][n] = hsum(a0); ys[1][n] = hsum(a1); ys[2][n] = hsum(a2); ys[3][n] = hsum(a3);
+    ys[4][n] = hsum(a4); ys[5][n] = hsum(a5); ys[6][n] = hsum(a6); ys[7][n] = hsum(a7);
+}
+
+/* xs[i], ys[i] for i < n: rows i of x and y, or, past row M - 1, x's last row again and `spare`. */
+static void row_views(int n, int64_t M, const float *x, int64_t ldx, float *y, int64_t ldy, float *spare,
+                      const float **xs, float **ys) {
+    for (int i = 0; i < n; i++) {
+        xs[i] = x + (i < M ? i : M - 1) * ldx;
+        ys[i] = i < M ? y + i * ldy : spare;
+    }
+}
+
 /* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits. Needs N % 4 == 0, K % 8 == 0, K % bs == 0,
  * bs % 8 == 0 (the caller checks). Returns 0, or 1 if scratch could not be allocated. */
 int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
@@ -177,20 +184,27 @@ int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
             gemv_rows(g * ROWS, K, x, w, absmax, bs, code, y);
         return 0;
     }
-    if (M == 2) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t g = 0; g < N / ROWS; g++)
-            gemv2_rows(g * ROWS, K, x, x + ldx, w, absmax, bs, code, y, y + ldy);
-        return 0;
-    }
-    if (M <= 4) {
-        float *spare = (float *)malloc(sizeof(float) * N); /* the missing fourth row's outputs, M = 3 */
+    if (M <= 4) { /* M = 2 too: two weight rows a pass decode half as often as gemv2_rows' four (measured faster) */
+        float *spare = (float *)malloc(sizeof(float) * N); /* outputs of missing rows, M < 4 */
         if (spare == NULL) return 1;
-        const float *const xs[4] = {x, x + ldx, x + 2 * ldx, M == 4 ? x + 3 * ldx : x + 2 * ldx};
-        float *const ys[4] = {y, y + ldy, y + 2 * ldy, M == 4 ? y + 3 * ldy : spare};
+        const float *xs[4];
+        float *ys[4];
+        row_views(4, M, x, ldx, y, ldy, spare, xs, ys);
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t g = 0; g < N / 2; g++)
             gemv4_rows(g * 2, K, xs, w, absmax, bs, code, ys);
+        free(spare);
+        return 0;
+    }
+    if (M <= 8) {
+        float *spare = (float *)malloc(sizeof(float) * N); /* outputs of missing rows, M < 8 */
+        if (spare == NULL) return 1;
+        const float *xs[8];
+        float *ys[8];
+        row_views(8, M, x, ldx, y, ldy, spare, xs, ys);
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t n = 0; n < N; n++)
+            gemv8_row(n, K, xs, w, absmax, bs, code, ys);
         free(spare);
         return 0;
     }
@@ -199,23 +213,26 @@ int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
 #pragma omp parallel num_threads(threads)
     {
         float *mine = scratch + (int64_t)omp_get_thread_num() * ROWS * K;
+        for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) { /* a block of x's rows stays in cache while every weight row passes */
+            const int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
 #pragma omp for schedule(static)
-        for (int64_t g = 0; g < N / ROWS; g++) {
-            const int64_t n0 = g * ROWS;
-            float t0[ROWS], t1[ROWS], t2[ROWS];
-            dequant_rows(n0, K, w, absmax, bs, code, mine);
-            int64_t m = 0;
-            for (; m + 2 < M; m += 3) {
-                dot_rows_3(K, x + m * ldx, x + (m + 1) * ldx, x + (m + 2) * ldx, mine, t0, t1, t2);
-                for (int r = 0; r < ROWS; r++) {
-                    y[m * ldy + n0 + r] = t0[r];
-                    y[(m + 1) * ldy + n0 + r] = t1[r];
-                    y[(m + 2) * ldy + n0 + r] = t2[r];
+            for (int64_t g = 0; g < N / ROWS; g++) {
+                const int64_t n0 = g * ROWS;
+                float t0[ROWS], t1[ROWS], t2[ROWS];
+                dequant_rows(n0, K, w, absmax, bs, code, mine);
+                int64_t m = m0;
+                for (; m + 2 < m1; m += 3) {
+                    dot_rows_3(K, x + m * ldx, x + (m + 1) * ldx, x + (m + 2) * ldx, mine, t0, t1, t2);
+                    for (int r = 0; r < ROWS; r++) {
+                        y[m * ldy + n0 + r] = t0[r];
+                        y[(m + 1) * ldy + n0 + r] = t1[r];
+                        y[(m + 2) * ldy + n0 + r] = t2[r];
+                    }
                 }
-            }
-            for (; m < M; m++) {
-                dot_rows_1(K, x + m * ldx, mine, t0);
-                for (int r = 0; r < ROWS; r++) y[m * ldy + n0 + r] = t0[r];
+                for (; m < m1; m++) {
+                    dot_rows_1(K, x + m * ldx, mine, t0);
+                    for (int r = 0; r < ROWS; r++) y[m * ldy + n0 + r] = t0[r];
+                }
             }
         }
     }
