@@ -31,6 +31,11 @@ decide: if the best candidate a beats every other by more than 2 (e_a + e_v), th
 is a. A row where that fails (a true near-tie, about 1 in 100) or where C is large is computed the
 canonical way.
 
+On AVX2 CPUs without AVX512-BF16 (where torch's bf16 product is slow) the screen is
+kernels/dense_cpu.c's product of the same bf16 copy with x in fp32, summed in fp32 (ArgmaxScreen's
+bound; 4.5 ms a row against the fp32 head's 6.5-8 ms on a 2-core AMD EPYC, 10 ms against 12-17 for
+8 rows, scripts/profile_step.py); the candidates and the near-tie rule are the same.
+
 The rows returned are argmax-only: the candidates' fp32 logits, -inf elsewhere. Only greedy
 decoding that displays nothing may use them (LeanModel.argmax_only); sampling and display read
 the full head.
@@ -40,29 +45,42 @@ from __future__ import annotations
 
 import torch
 
+from . import dense_cpu
+
 U32 = 2.0**-24  # unit roundoff of float32
 MAX_CANDIDATES = 256  # more than this (a flat row): the canonical product is as cheap
 
 
 def screen_supported() -> bool:
-    """The bf16 product is fast only where the CPU computes bf16 natively (AVX512-BF16)."""
-    return torch.cpu._is_avx512_bf16_supported()
+    """The bf16 product is fast where the CPU computes bf16 natively (AVX512-BF16) or where
+    kernels/dense_cpu.c reads bf16 weights into fp32 products (AVX2 without AVX512-BF16)."""
+    return torch.cpu._is_avx512_bf16_supported() or dense_cpu.available()
 
 
 class ArgmaxScreen:
-    """Argmax-exact logits of `head` (a GuardedHead) for rows of hidden states."""
+    """Argmax-exact logits of `head` (a GuardedHead) for rows of hidden states.
 
-    def __init__(self, head) -> None:
+    use_kernel: screen with kernels/dense_cpu.c (None: where it serves this CPU). Its product
+    g = W_hi @ x keeps x in fp32 and sums in fp32, so its bound is simpler than the bf16 one above:
+
+        |s_v - g_v| <= |dW_v| |x| + gamma_D |W_hi_v| |x|,    |W_hi_v| <= |W_v| + |dW_v|
+    """
+
+    def __init__(self, head, use_kernel: bool | None = None) -> None:
         W = head.weight.detach()  # [V, D] fp32
         V, D = W.shape
         self.head = head
         self.low = W.to(torch.bfloat16)  # [V, D]
+        self.kernel = dense_cpu.dense(self.low) if use_kernel is not False else None  # shares self.low
+        if use_kernel and self.kernel is None:
+            raise RuntimeError("kernels/dense_cpu.c does not serve this CPU")
         wide = W.double()
         self.rounding_norm = ((wide - self.low.double()).norm(dim=1) * (1 + 1e-6)).float()  # |dW_v| [V]
         self.row_norm = (wide.norm(dim=1) * (1 + 1e-6)).float()  # |W_v| [V]
         self.gamma = D * U32 / (1 - D * U32)
         self.residue = 2.0**-16 + 2 * self.gamma
         self.eps_per_norm = self.gamma * float(self.row_norm.max()) * (1 + 1e-3)
+        self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * (self.row_norm + self.rounding_norm)  # [V]
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
 
@@ -72,13 +90,8 @@ class ArgmaxScreen:
         lead = hidden.shape[:-1]
         x = hidden.reshape(-1, hidden.shape[-1]).float()  # [M, D]
         M = x.shape[0]
-        hi = x.to(torch.bfloat16)
-        lo = (x - hi.float()).to(torch.bfloat16)
-        G = (self.low @ torch.cat([hi, lo]).T).float()  # [V, 2M]: columns x_hi rows, then x_lo rows
-        g = G[:, :M] + G[:, M:]  # [V, M]
         norms = x.norm(dim=-1) * (1 + 1e-5)  # [M]
-        r = ((self.rounding_norm + self.residue * self.row_norm)[:, None] * norms
-             + 2.0**-7 * (G[:, :M].abs() + G[:, M:].abs()) + 2.0**-20 * g.abs() + 1e-30)  # [V, M]
+        g, r = self.screen(x, norms)  # [V, M] each
         floor = (g - r).max(dim=0).values - 2 * self.eps_per_norm * norms  # [M]: L
         inside = (g + r) >= floor  # [V, M]: C per row
         union = inside.any(dim=1).nonzero().flatten()  # [U]: every row's candidates
@@ -102,3 +115,17 @@ class ArgmaxScreen:
         self.recomputed += int((~clear).sum())
         self.screened += int(clear.sum())
         return out.view(*lead, -1)
+
+    def screen(self, x: torch.Tensor, norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [M, D] fp32 -> (g, r) [V, M]: screened logits and their error bounds (module docstring)."""
+        M = x.shape[0]
+        if self.kernel is not None:
+            g = self.kernel(x).T  # [V, M]
+            return g, self.kernel_bound[:, None] * norms + 2.0**-20 * g.abs() + 1e-30
+        hi = x.to(torch.bfloat16)
+        lo = (x - hi.float()).to(torch.bfloat16)
+        G = (self.low @ torch.cat([hi, lo]).T).float()  # [V, 2M]: columns x_hi rows, then x_lo rows
+        g = G[:, :M] + G[:, M:]  # [V, M]
+        r = ((self.rounding_norm + self.residue * self.row_norm)[:, None] * norms
+             + 2.0**-7 * (G[:, :M].abs() + G[:, M:].abs()) + 2.0**-20 * g.abs() + 1e-30)  # [V, M]
+        return g, r

@@ -48,6 +48,11 @@ def wanted() -> bool:
     return not torch.cpu._is_avx512_bf16_supported()
 
 
+def available() -> bool:
+    """The kernel serves this CPU: wanted here, switched on and built."""
+    return wanted() and native.function("dense_cpu", "spectui_dense_bf16", ARGTYPES)[0] is not None
+
+
 def dense(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Path | None = None) -> DenseKernel | None:
     """A DenseKernel for this CPU weight [N, K], or None where the kernel is not for it (not wanted on
     this CPU, switched off, not built, K not a multiple of 8, not on the CPU)."""

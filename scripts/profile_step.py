@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--tree", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--full-logits", action="store_true",
+                    help="every logit of every row (sampling, display) instead of greedy decoding's argmax-only output")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -60,7 +62,7 @@ def main() -> None:
 
     for module in model.modules():
         name = ("4-bit linears" if isinstance(module, bnb.nn.Linear4bit)
-                else "output layer" if module is model.lm_head else None)
+                else "output layer" if module is model.lm_head and not isinstance(engine.verifier, LeanModel) else None)
         if name:
             pre, post = timed(name)
             module.register_forward_pre_hook(pre)
@@ -78,6 +80,8 @@ def main() -> None:
         linear = Projection.__call__
         Projection.__call__ = lambda self, x: clocked("4-bit linears", linear)(self, x)
         verifier.attend = clocked("attention", verifier.attend)
+        verifier.output = clocked("output layer", verifier.output)  # the screen (argmax-only) or the full head
+        verifier.argmax_only = not args.full_logits  # as the engine decodes greedily without display
         verifier.run = clocked("forward", verifier.run)
     else:
         impl = model.config._attn_implementation
@@ -85,6 +89,7 @@ def main() -> None:
         model.forward = clocked("forward", model.forward)
     g = torch.Generator().manual_seed(0)
     print(f"{type(verifier).__name__}, attention {models.attention_backend}, {args.threads} threads, "
+          f"{'full logits' if args.full_logits or not isinstance(verifier, LeanModel) else 'argmax-only output'}, "
           f"median of {args.repeats} steps, ms\n")
     print("| prefix | T | step | 4-bit linears | output layer | attention | rest of model | engine |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

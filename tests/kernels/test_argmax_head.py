@@ -7,6 +7,7 @@ verifier's (large norm, a few dominant logits)."""
 import pytest
 import torch
 
+from spectui.kernels import dense_cpu
 from spectui.kernels.argmax_head import ArgmaxScreen, screen_supported
 from spectui.kernels.guarded_head import GuardedHead
 
@@ -24,10 +25,14 @@ def head_and_rows(seed: int, V: int = 4096, D: int = 576, M: int = 24, ties: boo
     return GuardedHead(W), X
 
 
+KERNEL = pytest.param(True, marks=pytest.mark.skipif(not dense_cpu.available(), reason="kernels/dense_cpu.c does not serve this CPU"))
+
+
+@pytest.mark.parametrize("use_kernel", [False, KERNEL])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_screen_gives_the_canonical_argmax(seed):
+def test_the_screen_gives_the_canonical_argmax(seed, use_kernel):
     head, X = head_and_rows(seed)
-    screen = ArgmaxScreen(head)
+    screen = ArgmaxScreen(head, use_kernel)
     got = screen(X[None])[0]  # [M, V]
     canonical = torch.stack([head.canonical(x) for x in X])  # the one-token way, row by row
     assert torch.equal(got.argmax(-1), canonical.argmax(-1))
@@ -37,9 +42,20 @@ def test_the_screen_gives_the_canonical_argmax(seed):
     assert (decided < 64).sum() >= X.shape[0] // 2  # few candidates where the screen decided
 
 
+@pytest.mark.parametrize("M", [1, 3, 24])
+@pytest.mark.parametrize("use_kernel", [KERNEL])
+def test_the_kernel_screens_error_bound_holds_with_room(M, use_kernel):
+    head, X = head_and_rows(11, ties=False, M=M)
+    screen = ArgmaxScreen(head, use_kernel)
+    norms = X.norm(dim=-1) * (1 + 1e-5)
+    g, r = screen.screen(X, norms)  # [V, M]
+    exact = head.weight.double() @ X.double().T  # [V, M]
+    assert float(((g.double() - exact).abs() / r.double()).max()) < 0.6
+
+
 def test_the_screens_error_bound_holds_with_room():
     head, X = head_and_rows(7, ties=False)
-    screen = ArgmaxScreen(head)
+    screen = ArgmaxScreen(head, use_kernel=False)
     hi = X.to(torch.bfloat16)
     lo = (X - hi.float()).to(torch.bfloat16)
     M = X.shape[0]
