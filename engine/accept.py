@@ -20,14 +20,23 @@ rejections (1 - p(x_1))(1 - p(x_2)/(1 - p(x_1)))... times p(x_i)/(remaining mass
 p(x_i); for a non-child, the residual mass times its renormalised share is p(y). So top-k trees
 keep the verifier's distribution exactly (what the naive min(1, p/q) with q = SSM softmax would
 not). tests/unit/test_accept.py checks this with a chi-square test over many draws.
+
+For display (GenerationSettings.detail) the caller may pass a SamplingLog: it records each test's
+uniform draw u and acceptance probability min(1, p'(x)/q(x)) = p'(x) (p' the residual at that
+point, q the point mass), and the residual the bonus token was drawn from. Without one nothing is
+recorded; with one the draws and decisions are the same (tests/unit/test_accept.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
+from .events import ResidualToken, SampleTest, Sampling
 from .tree import TokenTree
 
+RESIDUAL_TOP = 5  # a SamplingLog keeps this many of the residual's most likely tokens
 
 NUCLEUS_PREFIX = 1024  # top-p looks at the K most likely tokens first (a full sort of 49k costs ~8 ms a row)
 
@@ -72,7 +81,39 @@ def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> tuple[list[int], int
         node = nxt
 
 
-def accept_stochastic(tree: TokenTree, probs: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
+@dataclass
+class SamplingLog:
+    """The numbers one accept_stochastic call used, in the order it used them (for display)."""
+
+    tests: list[tuple[int, float, float, bool]] = field(default_factory=list)  # (node, u, p'(x), accepted)
+    bonus_node: int = 0  # where the bonus token was drawn: the last accepted node (0: the root)
+    removed_mass: float = 0.0  # the target mass of the children rejected there
+    bonus_prob: float = 0.0  # the bonus token's probability in the residual it was drawn from
+    top: list[tuple[int, float]] = field(default_factory=list)  # that residual's most likely tokens
+
+    def drew(self, node: int, target: torch.Tensor, left: torch.Tensor, bonus: int) -> None:
+        """target [V] the node's distribution; left [V] what the rejections left of it (the residual
+        before normalising), which the bonus token was drawn from."""
+        residual = left / left.sum()
+        values, tokens = torch.topk(residual, min(RESIDUAL_TOP, residual.shape[-1]))
+        self.bonus_node, self.bonus_prob = node, float(residual[bonus])
+        self.removed_mass = float(target.sum() - left.sum())
+        self.top = [(int(t), float(v)) for t, v in zip(tokens, values) if v > 0]
+
+    def describe(self, token_text) -> Sampling:
+        """As the StepEvent carries it; token_text(token id) -> its text."""
+        return Sampling(
+            tests=[SampleTest(node, draw, prob, accepted) for node, draw, prob, accepted in self.tests],
+            bonus_node=self.bonus_node,
+            removed_mass=self.removed_mass,
+            bonus_prob=self.bonus_prob,
+            residual_top=[ResidualToken(token, token_text(token), prob) for token, prob in self.top],
+        )
+
+
+def accept_stochastic(
+    tree: TokenTree, probs: torch.Tensor, generator: torch.Generator, log: SamplingLog | None = None
+) -> tuple[list[int], int]:
     """probs [N, V] target distributions of the tree nodes -> (accepted node ids, bonus token)."""
     node, accepted = 0, []
     while True:
@@ -84,7 +125,11 @@ def accept_stochastic(tree: TokenTree, probs: torch.Tensor, generator: torch.Gen
             if mass <= 0:
                 break
             # q = delta(token): accept with p(token) / (remaining mass), else remove it
-            if torch.rand((), generator=generator, dtype=torch.float64) * mass < p[token]:
+            draw = torch.rand((), generator=generator, dtype=torch.float64)
+            taken = bool(draw * mass < p[token])
+            if log is not None:
+                log.tests.append((child, float(draw), float(p[token] / mass), taken))
+            if taken:
                 accepted.append(child)
                 node, descended = child, True
                 break
@@ -92,7 +137,10 @@ def accept_stochastic(tree: TokenTree, probs: torch.Tensor, generator: torch.Gen
         if not descended:
             if p.sum() <= 0:  # float dust: every supported token was a rejected child
                 p = probs[node]
-            return accepted, sample_token(p / p.sum(), generator)
+            bonus = sample_token(p / p.sum(), generator)
+            if log is not None:
+                log.drew(node, probs[node], p, bonus)
+            return accepted, bonus
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:

@@ -24,7 +24,7 @@ from typing import IO, Iterable, Iterator
 # The trace format this code writes and the newest it reads; a run line without "version" is 1.
 # A new field with a default keeps older traces readable (they get the default): bump the version
 # with it, so that an older spectui refuses the newer traces by their version, in one clear line.
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: StepEvent.sampling
 BONUS_SOURCE = "verifier"  # the origin named for a bonus token
 
 
@@ -38,6 +38,34 @@ class TreeNode:
     sources: list[str]  # names of the speculators that proposed it ([] for the root)
     draft_prob: float | None  # the proposing speculator's probability (max over sources)
     verifier_prob: float | None  # the verifier's probability of this token at its parent
+
+
+@dataclass
+class SampleTest:
+    """One drafted child put to the sampling test (multi-step speculative sampling, engine/accept.py)."""
+
+    node: int  # the tested tree node
+    draw: float  # u, uniform on [0, 1)
+    accept_prob: float  # min(1, p'(x)/q(x)), q the point mass on the child's token x: p'(x), the residual's share of x
+    accepted: bool  # u < accept_prob
+
+
+@dataclass
+class ResidualToken:
+    token_id: int
+    text: str
+    prob: float
+
+
+@dataclass
+class Sampling:
+    """What a sampling step's test used: recorded only for display (GenerationSettings.detail)."""
+
+    tests: list[SampleTest]  # in the order the engine ran them
+    bonus_node: int  # where the bonus token was drawn: the last accepted node (0: the root)
+    removed_mass: float  # the target mass of the children rejected there, taken out of the residual
+    bonus_prob: float  # the bonus token's probability in the renormalised residual it was drawn from
+    residual_top: list[ResidualToken]  # that residual's most likely tokens, most likely first
 
 
 @dataclass
@@ -68,6 +96,7 @@ class StepEvent:
     finished: bool = False
     stop_reason: str | None = None  # "eos" | "length" | "stopped" once finished
     notice: str | None = None  # e.g. history truncated to fit the context window
+    sampling: Sampling | None = None  # the sampling test's numbers (sampling with detail); None otherwise
 
     def to_json(self) -> str:
         return json.dumps({"kind": "step", **asdict(self)}, ensure_ascii=False)
@@ -148,11 +177,14 @@ def convert(value, hint, name: str):
     """value checked against the annotation (nested dataclasses built); FieldError otherwise."""
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
+        nested = None  # an object that fits no option: the dataclass option's own error names the field
         for option in typing.get_args(hint):
             try:
                 return convert(value, option, name)
-            except FieldError:
-                continue
+            except FieldError as exc:
+                nested = exc if is_dataclass(option) and isinstance(value, dict) else nested
+        if nested is not None:
+            raise nested
     elif origin is list:
         if isinstance(value, list):
             (item,) = typing.get_args(hint)
@@ -196,6 +228,12 @@ def check_tree(event: StepEvent) -> StepEvent:
     bad = [i for i in event.accepted if event.tree and not 0 < i < len(event.tree)]
     if bad:
         raise FieldError("accepted", f"node {bad[0]} is not a drafted node of this step's tree")
+    if event.sampling is not None:
+        for k, test in enumerate(event.sampling.tests):
+            if not 0 < test.node < len(event.tree):
+                raise FieldError(f"sampling.tests[{k}].node", f"node {test.node} is not a drafted node of this step's tree")
+        if not 0 <= event.sampling.bonus_node < max(len(event.tree), 1):
+            raise FieldError("sampling.bonus_node", f"node {event.sampling.bonus_node} is not a node of this step's tree")
     return event
 
 

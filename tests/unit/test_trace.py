@@ -14,7 +14,10 @@ import pytest
 
 from spectui.engine.events import (
     TRACE_VERSION,
+    ResidualToken,
     RunInfo,
+    SampleTest,
+    Sampling,
     StepEvent,
     TraceError,
     TreeNode,
@@ -65,6 +68,35 @@ def test_trace_without_version_is_version_1_and_reads(tmp_path):
     info, events = read_trace(trace)
     assert info.tree_shape == [2, 2, 1, 1] and info.merge == "union"
     assert events[0].new_tokens == [8, 9] and events[0].speedup is None and events[0].step_ms == 0.0
+
+
+def sampled_step() -> StepEvent:
+    event = step(1, [8, 9])
+    event.sampling = Sampling(tests=[SampleTest(1, 0.25, 0.75, True)], bonus_node=1, removed_mass=0.0, bonus_prob=0.5,
+                              residual_top=[ResidualToken(9, "c", 0.5), ResidualToken(4, "d", 0.25)])
+    return event
+
+
+def test_a_sampling_step_reads_back_equal(tmp_path):
+    """Version 2's field: the sampling test's numbers (step mode), nested objects and all."""
+    trace = tmp_path / "t.jsonl"
+    record(trace, (RunInfo(model="m", temperature=0.8), [step(0, [7]), sampled_step()]))
+    _, events = read_trace(trace)
+    assert events == [step(0, [7]), sampled_step()] and events[1].sampling.tests[0].accepted is True
+    assert events[0].sampling is None
+
+
+def test_sampling_links_and_fields_are_checked():
+    event = json.loads(sampled_step().to_json())
+    event["sampling"]["tests"][0]["node"] = 0  # the root is never tested
+    with pytest.raises(ValueError, match=r"field sampling.tests\[0\].node: node 0 is not a drafted node"):
+        StepEvent.from_dict(event)
+    event["sampling"]["tests"][0]["node"], event["sampling"]["bonus_node"] = 1, 2
+    with pytest.raises(ValueError, match=r"field sampling.bonus_node: node 2 is not a node"):
+        StepEvent.from_dict(event)
+    event["sampling"]["bonus_node"], event["sampling"]["tests"][0]["draw"] = 1, "0.2"
+    with pytest.raises(ValueError, match=r"field sampling.tests\[0\].draw: expected a number, got a string"):
+        StepEvent.from_dict(event)
 
 
 def test_numbers_written_as_integers_read_as_floats(tmp_path):
