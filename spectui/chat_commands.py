@@ -12,8 +12,9 @@ from typing import Optional
 
 import typer
 
+from .data import bench_questions
 from .engine import resolve_model, resolve_ssm
-from .options import DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, friendly_errors, load, text_arg
+from .options import DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, friendly_errors, load, text_arg
 
 
 def chat(
@@ -82,7 +83,7 @@ def tui_bench(
     ssm: Optional[list[str]] = SsmOpt,
     quant: str = QuantOpt,
     device: str = DeviceOpt,
-    prompts: Path = typer.Option(Path("../shared/data/vicuna_bench_questions.jsonl"), "--prompts"),
+    prompts: Optional[Path] = PromptsOpt,
     limit: int = typer.Option(4, "--limit", help="use the first N prompts"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
     rounds: int = typer.Option(2, "--rounds", help="alternating headless/app rounds; medians are reported"),
@@ -97,7 +98,7 @@ def tui_bench(
     with friendly_errors():
         if limit < 1 or rounds < 1 or max_new_tokens < 1 or (engine_threads is not None and engine_threads < 1):
             raise UsageFailure("--limit, --rounds, --max-new-tokens and --engine-threads must be at least 1")
-        texts = read_prompts(prompts, limit)
+        texts = read_prompts(prompts or bench_questions(), limit)
         models, engine = load(model, ssm, quant, device)
         report = compare(models, engine, dict(model=model, ssms=tuple(ssm or ()), quant=quant, device=device, engine_threads=engine_threads), texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))
         typer.echo(json.dumps(report, indent=2))

@@ -15,14 +15,15 @@ from typing import Optional
 import typer
 
 from . import paths
+from .data import bench_questions
 from .documents import DocumentError, read_document, read_stream
 from .engine import (
     DEFAULT_MERGE, CacheEntryError, Conversation, GenerationSettings, RunInfo, cache_entries, chat_turn, parse_tree,
     preset_rows, remove_cache_entry, tree_text, write_trace,
 )
 from .options import (
-    DeviceOpt, ModelOpt, QuantOpt, SsmOpt, UsageFailure, check_writable, friendly_errors, load, quiet_broken_pipe,
-    text_arg,
+    DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, check_writable, friendly_errors, load,
+    quiet_broken_pipe, text_arg,
 )
 
 
@@ -200,10 +201,7 @@ def bench(
     ssm: Optional[list[str]] = SsmOpt,
     quant: str = QuantOpt,
     device: str = DeviceOpt,
-    prompts: Path = typer.Option(
-        Path("../shared/data/vicuna_bench_questions.jsonl"), "--prompts",
-        help="JSONL with 'turns' (and optional 'category'), or one prompt a line",
-    ),
+    prompts: Optional[Path] = PromptsOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="use the first N prompts"),
     per_category: Optional[int] = typer.Option(None, "--per-category", help="use the first N prompts of each category"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
@@ -228,7 +226,9 @@ def bench(
         shape = parse_tree(tree)  # likewise for a bad --tree
         if json_out and json_out != "-":
             check_writable(Path(json_out), "--json")  # not after the whole bench
+        prompts = prompts or bench_questions()
         texts = read_prompts(prompts, limit, per_category)
+        typer.echo(f"bench: {len(texts)} prompts from {prompts}", err=True)
         threads = set_threads(threads)  # before loading: the engine measures its costs per thread count
         loaded, engine = load(model, ssm, quant, device)
 

@@ -22,6 +22,10 @@ ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="preset, hub id (o
 SsmOpt = typer.Option(None, "--ssm", help="add a speculative model (hub id or folder); repeatable")
 QuantOpt = typer.Option("nf4", "--quant", help="verifier weights: nf4, fp4, int8 or none")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda")
+PromptsOpt = typer.Option(  # bench, tui-bench, tune-eval; None: spectui.data.bench_questions()
+    None, "--prompts", help="JSONL with 'turns' (and optional 'category'), or one prompt a line "
+    "(default: the 80 Vicuna-bench questions shipped with spectui)",
+)
 
 
 class UsageFailure(Exception):

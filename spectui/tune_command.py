@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from . import paths
+from .data import bench_questions, tune_prompts
 from .engine.tune import TuneConfig
 from .options import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, friendly_errors
 
@@ -39,6 +40,9 @@ def tune(
     feature_epochs: Optional[float] = knob("--feature-epochs", f"feature head training epochs (default {D.feature_epochs:g})"),
     feature_vocab: Optional[int] = knob("--feature-vocab", f"tokens the feature head may draft (default {D.feature_vocab})"),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="prompts file (JSONL or one a line); default: Magpie"),
+    shipped_prompts: bool = typer.Option(
+        False, "--shipped-prompts", help="tune on the 2,400 real prompts in 8 categories shipped with spectui, not Magpie's",
+    ),
     tokens: Optional[int] = knob("--tokens", f"verifier answer tokens to generate (default {D.tokens}: about an hour)"),
     out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: <data dir>/tuned/<model>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out: skip finished work, load checkpoints"),
@@ -71,6 +75,8 @@ def tune(
     from .engine.tune import read_prompt_file, run_tune
 
     with friendly_errors():
+        if prompts is not None and shipped_prompts:
+            raise UsageFailure("--prompts and --shipped-prompts: give one of them")
         if prompts is not None and not prompts.is_file():
             raise UsageFailure(f"--prompts {prompts}: no such file")
         if quant not in QUANTS:
@@ -81,6 +87,8 @@ def tune(
         for flag, value in (("--epochs", epochs), ("--feature-epochs", feature_epochs)):
             if value is not None and not math.isfinite(value):
                 raise UsageFailure(f"{flag} {value}: must be a finite number")
+        if shipped_prompts:
+            prompts = tune_prompts(paths.cache_dir())  # unpacked once from the package
         if prompts is not None:
             read_prompt_file(prompts)  # unreadable or empty: TuneConfigError (exit 2)
         preset = resolve_model(model)
@@ -98,7 +106,7 @@ def tune(
         cfg = replace(
             TuneConfig(), out=out or default_out(preset.name), model=model, ssms=ssms, prompts_file=prompts,
             quant=quant, device=device, threads=threads, resume=resume, seed=seed, keep_checkpoints=keep_checkpoints,
-            feature_head=feature_head,
+            feature_head=feature_head, exclude_file=bench_questions(),  # the package's copy: found wherever it is installed
             **overrides,
         ).validate()
         report = run_tune(cfg, models_dir=paths.models_dir())  # logs the agreement lines itself

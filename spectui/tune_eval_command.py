@@ -7,7 +7,7 @@ of answer tokens where its top-1 (top-k) is the verifier's token is reported per
 for each SSM and for all of them together (engine/tune/heldout.py). The answers are cached in
 <cache dir>/eval-answers, so measuring new SSMs on the same prompts costs only their forwards.
 
-    spectui tune-eval --prompts ../shared/data/vicuna_bench_questions.jsonl
+    spectui tune-eval                 # the Vicuna-bench questions shipped with spectui (spectui/data/)
     spectui tune-eval --prompts ../shared/data/spec_bench_dev.jsonl --per-category 4 --ssm OUT/ssm-1
 """
 
@@ -20,15 +20,14 @@ from typing import Optional
 import typer
 
 from . import paths
-from .options import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, check_writable, friendly_errors
-
-DEFAULT_PROMPTS = Path("../shared/data/vicuna_bench_questions.jsonl")
+from .data import bench_questions
+from .options import DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, UsageFailure, check_writable, friendly_errors
 
 
 def tune_eval(
     model: str = ModelOpt,
     ssm: Optional[list[str]] = typer.Option(None, "--ssm", help="SSM folder to measure; repeatable (default: the preset's SSMs)"),
-    prompts: Path = typer.Option(DEFAULT_PROMPTS, "--prompts", help="JSONL with 'turns' (and 'category'), or one prompt a line"),
+    prompts: Optional[Path] = PromptsOpt,
     per_category: Optional[int] = typer.Option(None, "--per-category", help="the first N prompts of each category"),
     limit: Optional[int] = typer.Option(None, "--limit", help="the first N prompts"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="length of the verifier's greedy answers"),
@@ -50,6 +49,7 @@ def tune_eval(
             raise UsageFailure("--max-new-tokens, --top-k, --per-category and --limit must be at least 1")
         if json_out and json_out != "-":
             check_writable(Path(json_out), "--json")
+        prompts = prompts or bench_questions()
         try:
             chosen = read_prompts(prompts, limit, per_category)
         except PromptFileError as exc:
