@@ -7,11 +7,8 @@ synthesis, answers, two SSMs, evaluation) in roughly 60-90 minutes on a 2-core C
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-
-# Development prompts: measured on, never trained on (Magpie output that copies one is dropped).
-BENCH_QUESTIONS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vicuna_bench_questions.jsonl"
 
 
 class TuneConfigError(ValueError):
@@ -41,7 +38,8 @@ class TuneConfig:
     min_prompt_chars: int = 15
     max_prompt_chars: int = 400
     min_printable: float = 0.95  # fraction of printable characters (whitespace counts as printable)
-    exclude_file: Path | None = field(default_factory=lambda: BENCH_QUESTIONS if BENCH_QUESTIONS.exists() else None)
+    exclude_file: Path | None = None  # development prompts, measured on and never trained on: Magpie output
+    # that copies one is dropped (the CLI passes the package's copy of the bench questions)
     prompts_margin: float = 1.0  # synthesise this many times the prompts the token target needs up front
     expected_answer_tokens: int = 210  # measured mean answer length (max 256), to size the prompt set;
     # the answer stage synthesises more on demand when answers run shorter
