@@ -201,6 +201,7 @@ class ChatScreen(Screen):
 
     def set_step_mode(self, on: bool) -> None:
         self.step_mode = on
+        self.set_class(on, "-step")  # CSS: the tree and its explanation get the room
         self.query_one(TokenTreeView).show_decision = on
         self.layout_panel()
 

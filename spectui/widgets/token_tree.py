@@ -1,10 +1,12 @@
 """TokenTreeView: one verifier step's token tree, with its accepted branch, bonus and decision.
 
-Each node shows its token, the speculators that proposed it, the draft probability q and the
-verifier probability p. The accepted branch is bold in the success colour, rejected branches
-are dimmed, and the bonus token (the verifier's own next token) hangs below the accepted
-branch marked with a star. `explain` writes, for the teaching step mode, why each branch was
-accepted or rejected. The view holds every step of the answer so earlier ones can be browsed.
+Each node shows its state (✓ accepted, ✗ rejected, ○ not reached), its token, the speculators
+that proposed it, the draft probability q and the verifier probability p, and under sampling
+the test's draw. The accepted branch is bold in the success colour, nodes never tested are
+dimmed, and the bonus token (the verifier's own next token) hangs below the accepted branch
+marked with a star. In step mode a legend says what q, p and the marks mean, and the decision
+(step_explain.py) why each node was accepted, rejected or never tested. The view holds every
+step of the answer: browsing (F7/F8, [ ]) shows an earlier step with its own decision.
 """
 
 from __future__ import annotations
@@ -19,54 +21,19 @@ from textual.reactive import reactive
 from textual.widgets import Button, Label, Static, Tree
 
 from ..engine import StepEvent
+from .step_explain import ACCEPTED, MARKS, explain, fmt_prob, legend, node_states, show_token, test_numbers
 
 
-def show_token(text: str) -> str:
-    return repr(text)[1:-1].join("''") if text else "''"
-
-
-def fmt_prob(p: float | None) -> str:
-    return "-" if p is None else f"{p:.2f}"
-
-
-def node_label(node, state: str, accent: str = "green") -> Text:
-    sources = "+".join(node.sources) or "-"
-    label = Text(show_token(node.text), style="bold" if state == "accepted" else "")
-    label.append(f"  {sources}  q {fmt_prob(node.draft_prob)}  p {fmt_prob(node.verifier_prob)}")
-    if state == "accepted":
-        label.append("  ✓")
-    label.stylize({"accepted": f"bold {accent}", "rejected": "dim"}.get(state, ""))
+def node_label(node, state: str, test: str | None = None, accent: str = "green") -> Text:
+    """'✓ ' of'  q 1.00  p 0.99  ngram', with the sampling test's 'u 0.29 < 0.70' when recorded;
+    the numbers first, so that a narrow panel cuts the speculators' names."""
+    label = Text(f"{MARKS[state]} {show_token(node.text)}", style="bold" if state == ACCEPTED else "")
+    label.append(f"  q {fmt_prob(node.draft_prob)}  p {fmt_prob(node.verifier_prob)}")
+    if test:
+        label.append(f"  {test}")
+    label.append(f"  {'+'.join(node.sources) or '-'}")
+    label.stylize(f"bold {accent}" if state == ACCEPTED else ("dim" if MARKS[state] == "○" else ""))
     return label
-
-
-def explain(event: StepEvent, greedy: bool = True) -> str:
-    """Why each proposed branch was accepted or rejected, one line per decision."""
-    if event.step == 0:
-        return f"Prefill: the verifier read the prompt and chose the first token {show_token(event.bonus_text)}."
-    if len(event.tree) <= 1:
-        return f"No draft this step: the verifier decoded {show_token(event.bonus_text)} on its own."
-    children: dict[int, list] = {}
-    for node in event.tree[1:]:
-        children.setdefault(node.parent, []).append(node)
-    lines, parent = [], 0
-    path = list(event.accepted)
-    rule = "the verifier's top token" if greedy else "kept by the sampling test min(1, p/q)"
-    for depth, chosen in enumerate(path + [None], 1):
-        for node in children.get(parent, []):
-            who = "+".join(node.sources)
-            if node.id == chosen:
-                lines.append(f"✓ depth {depth}: {show_token(node.text)} ({who}) accepted: {rule}, p {fmt_prob(node.verifier_prob)}")
-            elif greedy:
-                lines.append(f"✗ depth {depth}: {show_token(node.text)} ({who}) rejected: not the verifier's top token (p {fmt_prob(node.verifier_prob)})")
-            else:
-                lines.append(f"✗ depth {depth}: {show_token(node.text)} ({who}) rejected by the test: p {fmt_prob(node.verifier_prob)} vs q {fmt_prob(node.draft_prob)}")
-        if chosen is None:
-            break
-        parent = chosen
-    if event.bonus_token is not None:
-        lines.append(f"★ bonus {show_token(event.bonus_text)}: the verifier's own token after the accepted branch")
-    lines.append(f"→ {len(event.new_tokens)} token(s) committed in this verifier step ({event.accepted_count}/{event.drafted} drafted accepted)")
-    return "\n".join(lines)
 
 
 class TokenTreeView(Vertical):
@@ -78,6 +45,16 @@ class TokenTreeView(Vertical):
         Binding("home", "jump(0)", "First step", show=False),
         Binding("end", "jump(-1)", "Newest step", show=False),
     ]
+
+    # the legend shows in step mode (class -teaching), in one line in short windows (the chat's -short)
+    SCOPED_CSS = False
+    DEFAULT_CSS = """
+    TokenTreeView .tree-legend { display: none; height: auto; padding: 0 1; }
+    TokenTreeView #tree { scrollbar-size-horizontal: 0; }  /* a narrow panel cuts the names, the row stays the tree's */
+    TokenTreeView.-teaching #tree-legend { display: block; }
+    .-short TokenTreeView.-teaching #tree-legend { display: none; }
+    .-short TokenTreeView.-teaching #tree-legend-short { display: block; }
+    """
 
     index: reactive[int] = reactive(-1, always_update=True)  # the step shown; -1: none
     show_decision: reactive[bool] = reactive(False)
@@ -98,6 +75,8 @@ class TokenTreeView(Vertical):
             yield Button("◀", id="tree-prev", compact=True)
             yield Label("no step yet", id="tree-step")
             yield Button("▶", id="tree-next", compact=True)
+        yield Static(legend(True), id="tree-legend", classes="tree-legend")
+        yield Static(legend(True, compact=True), id="tree-legend-short", classes="tree-legend")
         yield Tree("", id="tree")
         yield Static("", id="decision")
 
@@ -109,6 +88,8 @@ class TokenTreeView(Vertical):
         self.events = []
         self.follow = True
         self.greedy = greedy
+        if self.is_mounted:
+            self.query_one("#tree-legend", Static).update(legend(greedy))
         self.index = -1
 
     def add(self, event: StepEvent) -> None:
@@ -137,6 +118,7 @@ class TokenTreeView(Vertical):
         self.action_browse(-1 if event.button.id == "tree-prev" else 1)
 
     def watch_show_decision(self, on: bool) -> None:
+        self.set_class(on, "-teaching")
         if self.is_mounted:
             self.query_one("#decision").display = on
             self.watch_index(self.index)
@@ -163,18 +145,19 @@ class TokenTreeView(Vertical):
         variables = self.app.theme_variables
         success, bonus = variables.get("success", "green"), variables.get("origin-bonus", "red")
         if not event.tree:
-            tree.root.set_label(Text("prefill (prompt)", style="bold"))
+            what = "prefill (prompt)" if event.step == 0 else "one-token step: nothing drafted"
+            tree.root.set_label(Text(what, style="bold"))
             tree.root.add_leaf(Text(f"★ {show_token(event.bonus_text)}  verifier bonus", style=f"bold {bonus}"))
             tree.root.expand()
             return
-        accepted = set(event.accepted)
+        states, tests = node_states(event, self.greedy), test_numbers(event)
         root = event.tree[0]
         tree.root.set_label(Text(f"{show_token(root.text)}  (root: last committed token)", style="bold"))
         handles = {0: tree.root}
         for node in event.tree[1:]:
             parent = handles.get(node.parent, tree.root)
-            state = "accepted" if node.id in accepted else "rejected"
-            handles[node.id] = parent.add(node_label(node, state, success), expand=True, allow_expand=False)
+            label = node_label(node, states[node.id], tests.get(node.id), success)
+            handles[node.id] = parent.add(label, expand=True, allow_expand=False)
         if event.bonus_token is not None:
             last = handles[event.accepted[-1]] if event.accepted else tree.root
             last.add_leaf(Text(f"★ {show_token(event.bonus_text)}  verifier bonus", style=f"bold {bonus}"))

@@ -1,5 +1,6 @@
-"""Snapshot tests from a trace recorded with the real engine (no model): main screen, step mode, replay,
-at 140x42 and in a small window (80x24: the chat alone, step mode with its panel, help, settings).
+"""Snapshot tests from traces recorded with the real engine (no model): main screen, step mode, replay,
+at 140x42 and in a small window (80x24: the chat alone, step mode with its panel, help, settings), and
+step mode's teaching (legend, node states, sampling test) at 80x24 and 160x48.
 
 Update them with `pytest tests/tui/test_snapshots.py --snapshot-update` after a deliberate change.
 """
@@ -13,12 +14,14 @@ from spectui.engine.events import read_trace
 from spectui.messages import StepArrived
 from spectui.replay import read_turns
 
-from tui_helpers import TRACE
+from tui_helpers import DATA, TRACE
 
 pytestmark = pytest.mark.anyio
 
 SIZE = (140, 42)
 SMALL = (80, 24)
+LARGE = (160, 48)
+SAMPLING = DATA / "sampling.jsonl"
 
 
 @pytest.fixture
@@ -52,6 +55,18 @@ def test_step_mode(snap_compare, fresh_home, size):
     """Replay paused after a few verifier steps: the tree and the decision stay on screen."""
     app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
     assert snap_compare(app, terminal_size=size, press=["n", "n", "n", "n", "_"])
+
+
+@pytest.mark.parametrize(
+    "trace, steps, size",
+    [(SAMPLING, 10, LARGE), (SAMPLING, 10, SMALL), (TRACE, 20, LARGE)],
+    ids=["sampling-160x48", "sampling-80x24", "greedy-160x48"],
+)
+def test_step_mode_teaching(snap_compare, fresh_home, trace, steps, size):
+    """Step mode's legend, node states and decision: a sampling step whose drafts were all rejected
+    (u, min(1, p'/q), the residual) and a greedy step with accepted, rejected and unreached nodes."""
+    app = SpecTuiApp(replay=read_turns(trace), replay_name=trace.name, autoplay=False)
+    assert snap_compare(app, terminal_size=size, press=["n"] * steps + ["_"])
 
 
 @pytest.mark.parametrize("key", ["f1", "f3"], ids=["help", "settings"])

@@ -158,3 +158,43 @@ def test_alt_enter_and_ctrl_j_add_a_line_in_tmux(fresh_home, tmp_path):
         assert "third line" in text
     finally:
         tmux("kill-server")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.parametrize("width, height", [(160, 48), (80, 24)])
+def test_step_mode_teaching_in_tmux(fresh_home, width, height):
+    """A recorded sampling answer replayed in a real terminal: n steps, F7/F8 browse (the function
+    keys pass through tmux), and the tree's marks, the legend and the sampling test's numbers follow
+    the step shown. At 80x24 the legend is one line and the decision scrolls under the tree."""
+    from spectui.engine.events import read_trace
+
+    trace = Path(__file__).with_name("data") / "sampling.jsonl"
+    _, events = read_trace(trace)
+    session = f"spectui-teach-{os.getpid()}-{width}"
+    command = f"env SPECTUI_HOME={fresh_home} {SPECTUI} replay {trace} --paused"
+    assert tmux("new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), command).returncode == 0
+    try:
+        wait_screen(session, lambda s: "paused" in s, 60, "the replay to open")
+        for _ in range(10):
+            tmux("send-keys", "-t", session, "n")
+        text = wait_screen(session, lambda s: "step 9  (10/10)" in s, 30, "step 9")
+        first = events[9].sampling.tests[0]  # ' of' after ' Republic': u 0.658 >= 0.000
+        assert "✗ ' of'  q 0.37  p 0.00" in text  # on the tree: the numbers before the (cut) names
+        assert f"✗ ' of'  {first.draw:.3f} ≥ {first.accept_prob:.3f}" in text
+        assert "at ' Republic': u vs min(1, p'/q)" in text
+        if height >= 32:
+            assert f"✗ ' of'  q 0.37  p 0.00  u {first.draw:.2f} ≥ {first.accept_prob:.2f}" in text
+            assert "u  uniform draw: kept if u < min(1, p'/q)" in text
+            assert "residual: ' is' 0.747 · ' and' 0.253" in text
+        else:
+            assert "q drafter · p verifier probability" in text
+        tmux("send-keys", "-t", session, "F7")
+        text = wait_screen(session, lambda s: "step 8  (9/10)" in s, 10, "F7 to show step 8")
+        test = events[8].sampling.tests[0]
+        assert f"at '{events[8].tree[0].text}': u vs min(1, p'/q)" in text and "at ' Republic'" not in text
+        assert f"✗ '{events[8].tree[test.node].text}'  {test.draw:.3f} ≥ {test.accept_prob:.3f}" in text
+        tmux("send-keys", "-t", session, "F8")
+        text = wait_screen(session, lambda s: "step 9  (10/10)" in s, 10, "F8 to show step 9 again")
+        assert "at ' Republic': u vs min(1, p'/q)" in text
+    finally:
+        tmux("kill-server")
