@@ -31,7 +31,7 @@ from typing import Iterator
 import torch
 
 from .acceptance_model import AcceptanceModel
-from .accept import accept_greedy, accept_stochastic, sample_token, target_probs
+from .accept import SamplingLog, accept_greedy, accept_stochastic, sample_token, target_probs
 from .auto_tree import AutoDrafting
 from .costs import CostModel
 from .events import BONUS_SOURCE, StepEvent, TreeNode
@@ -53,6 +53,7 @@ class StepResult:
     verify_ms: float
     pure: bool = False  # a one-token step that drafted nothing: an incremental step
     ran: list[str] = field(default_factory=list)  # SSMs that drafted (auto)
+    sampling: SamplingLog | None = None  # the sampling test's numbers (detail only)
 
 
 @dataclass
@@ -215,7 +216,8 @@ class SpeculativeEngine:
             prefetch = start_prefetch(tree, committed, drafters, ran if settings.auto else [d.name for d in drafters])
         try:
             logits = self.score_tree(tree)  # [N, V]
-            accepted, bonus = self.accept_branch(tree, logits, settings, generator)
+            log = SamplingLog() if settings.detail and not settings.greedy and len(tree) > 1 else None
+            accepted, bonus = self.accept_branch(tree, logits, settings, generator, log)
             self.commit_branch(tree, accepted)
         finally:
             if prefetch is not None:
@@ -225,7 +227,7 @@ class SpeculativeEngine:
             self.cost_model.observe_verify(len(tree), (t2 - t1) * 1000)
         if self.auto is not None and (len(tree) > 1 or ran):
             self.auto.observe(tree, accepted, self.speculator_names, ran)
-        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran)
+        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran, log)
 
     def draft_tree(self, committed: list[int], drafters, settings) -> TokenTree:
         # Drafting every speculator into one tree is their union: TokenTree.add merges equal
@@ -240,7 +242,7 @@ class SpeculativeEngine:
             return self.verifier.forward_chain(tree.tokens)
         return self.verifier.forward_tree(tree)
 
-    def accept_branch(self, tree: TokenTree, logits, settings, generator) -> tuple[list[int], int]:
+    def accept_branch(self, tree: TokenTree, logits, settings, generator, log: SamplingLog | None = None) -> tuple[list[int], int]:
         probs = None
         if settings.greedy:
             accepted, bonus = accept_greedy(tree, logits)
@@ -248,7 +250,7 @@ class SpeculativeEngine:
                 probs = torch.softmax(logits, dim=-1)  # for display only
         else:
             probs = target_probs(logits, settings.temperature, settings.top_p)
-            accepted, bonus = accept_stochastic(tree, probs, generator)
+            accepted, bonus = accept_stochastic(tree, probs, generator, log)
         if settings.detail and probs is not None:
             for i in range(1, len(tree)):
                 tree.verifier_probs[i] = float(probs[tree.parents[i], tree.tokens[i]])
@@ -298,6 +300,7 @@ class SpeculativeEngine:
             attention_backend=self.attention_backend,
             finished=stop_reason is not None,
             stop_reason=stop_reason,
+            sampling=result.sampling.describe(self.token_text) if result.sampling else None,
         )
         return stats.fill(event), tokens
 

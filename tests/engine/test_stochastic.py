@@ -149,3 +149,28 @@ def test_mss_with_dynamic_auto_trees_follows_verifier_distribution(embedded_mode
         shapes.add(len(tree))
     assert len(shapes) >= 3, f"the auto tree should change shape as it learns, got sizes {sorted(shapes)}"
     assert chi2(firsts, p_root) > 1e-3
+
+
+def test_sampling_steps_carry_their_test_when_detail_is_asked(embedded_models):
+    """With detail (display, traces) a sampling step carries the numbers its test used; without it,
+    or greedy, none (that recording changes no draw: tests/unit/test_sampling_log.py)."""
+    from dataclasses import replace
+
+    from spectui.engine.loading import build_engine
+    from spectui.engine.settings import GenerationSettings
+
+    engine = build_engine(embedded_models)
+    ids = encode_chat(embedded_models.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    settings = GenerationSettings(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=7, tree_shape=(2, 1, 1), detail=True)
+    shown = list(engine.generate(ids, settings))
+    assert all(e.sampling is None for e in engine.generate(ids, replace(settings, detail=False)))
+    drafted = [e for e in shown if e.tree]
+    assert drafted and all(e.sampling is not None for e in drafted)
+    for e in drafted:
+        s = e.sampling
+        assert [t.node for t in s.tests if t.accepted][: len(e.accepted)] == e.accepted
+        assert all(t.accepted == (t.draw < t.accept_prob) for t in s.tests)
+        if e.bonus_token is not None:
+            assert s.bonus_node == (e.accepted[-1] if e.accepted else 0) and s.bonus_prob > 0
+            assert sum(r.prob for r in s.residual_top) <= 1 + 1e-9
+    assert all(e.sampling is None for e in engine.generate(ids, replace(settings, temperature=0.0)))
