@@ -25,21 +25,34 @@ bitwise equality of tree-pass and one-token logits on the real model.
 Cost: the float64 matmuls are small (T x S x D per head); converting the cache's keys and values
 to float64 costs O(S) per layer and step, a few ms per 1,000 prefix tokens on two cores.
 
-Native path for one-token passes. On x86 CPUs with AVX2 and a C compiler, a one-row call (a decode
-step, T = 1) with a float32 query goes to kernels/exact_attention.c (built once per process by
-kernels/native.py): the same float64 quantities, per query row, over only the keys the row may see
-in cache order, rounded once to float32. It reads the cache without converting it (2.5x faster than
-the torch path at 1,000 keys here). Calls of several rows (prefill, tree passes) stay on the torch
-path below, where batched products share each key across rows (the per-row kernel was slower there:
-docs/performance.md). Both paths compute the same float64 quantities and round once, so a token's
-output agrees between them exactly as it does between tree and one-token torch calls: the argument
-above.
+Native path. On x86 CPUs with AVX2 and a C compiler, calls with a float32 query, a float32 or
+float64 cache and no mask or a bool mask shared by all heads go to kernels/exact_attention.c (built
+once per process by kernels/native.py), which reads the cache without converting it and computes, per
+query row, the same float64 quantities over only the keys the row may see, in cache order, rounded
+once to float32; every row's arithmetic is fixed (docs in the C file), so a row's bits depend on its
+query and the keys it sees alone, whatever the call. Two kernels compute it:
+  grouped  one task per (batch, kv head, block of up to 16 tokens): each key and value is loaded once
+           for the task's G x tokens rows; its exp is a 4-lane copy of the C library's (checked bit
+           for bit against it once per process, else the library's is called). Every call takes it
+           unless one query row would be alone in a task (T = 1 and G = 1) or there would be fewer
+           tasks than threads: then
+  per row  one task per query row (the kernel that decode steps used first).
+The two give the same bits (tests/kernels/test_exact_native.py checks it row by row). On the 2-core
+AVX2 machine the grouped kernel takes the attention of a tree pass of 2 to 64 tokens at a 1,000-token
+prefix to 0.5-0.75 of the torch path's time, a 769-token prefill's to half, and a decode step's to
+0.8-1.0 of the per-row kernel's (docs/performance.md). The torch path below serves the other calls
+(an additive or per-head mask, another dtype, no library); it computes the same float64 quantities
+and rounds once, so a token's output agrees with the C kernels' as tree and one-token torch calls
+agree with each other: the argument above.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
+import functools
+import struct
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
 
 import torch
 
@@ -54,7 +67,7 @@ class PreparedMask:
     blocked: torch.Tensor | None  # bool [B|1, Hkv|1, G|1, T, S]: True = may not attend
     additive: torch.Tensor | None  # float64, same layout (an additive mask instead)
     may_see_nothing: bool  # some row may attend to no key (left padding): check for NaN rows
-    allowed: torch.Tensor | None = None  # uint8 [B|1, 1, S] (1 = may attend): a one-row mask for every head, for the native path
+    allowed: torch.Tensor | None = None  # uint8 [B|1, T, S] (1 = may attend): one mask for every head, for the native path
 
 
 def prepare_mask(mask: torch.Tensor, Hq: int, Hkv: int) -> PreparedMask:
@@ -63,8 +76,8 @@ def prepare_mask(mask: torch.Tensor, Hq: int, Hkv: int) -> PreparedMask:
     m = mask.reshape(mask.shape[0], -1, mask.shape[-2], mask.shape[-1])  # [B|1, 1|Hq, T, S]
     m = m.reshape(m.shape[0], Hkv if m.shape[1] == Hq else 1, G if m.shape[1] == Hq else 1, *m.shape[-2:])
     if m.dtype == torch.bool:
-        one_row_one_mask = mask.shape[-2] == 1 and m.shape[1] == m.shape[2] == 1  # what the native path takes
-        allowed = mask.reshape(mask.shape[0], 1, mask.shape[-1]).to(torch.uint8) if one_row_one_mask else None
+        one_mask = m.shape[1] == m.shape[2] == 1  # one for every head: what the native path takes
+        allowed = mask.reshape(mask.shape[0], *mask.shape[-2:]).to(torch.uint8) if one_mask else None
         return PreparedMask(~m, None, not bool(m.any(-1).all()), allowed)
     return PreparedMask(None, m.to(torch.float64), True)
 
@@ -84,7 +97,7 @@ def exact_attention(
     Hkv, S = key.shape[1], key.shape[2]
     G = Hq // Hkv
     scale = D**-0.5 if scale is None else scale
-    native_out = native_attention(query, key, value, mask, scale) if T == 1 else None
+    native_out = native_attention(query, key, value, mask, scale)
     if native_out is not None:
         return native_out
     if mask is None and T > PREFILL_CHUNK:  # a causal prefill: query chunk c sees keys < its end only,
@@ -115,14 +128,69 @@ def exact_attention(
 
 
 # spectui_exact_attention(B, Hq, Hkv, T, S, D, q, k, v, kv_double, kv_sb, kv_sh, kv_sj, mask, mask_sb, mask_st,
-#                         scale, out, threads)
+#                         scale, out, threads); spectui_exact_attention_grouped adds tokens_per_block
 ARGTYPES = [ct.c_int64] * 6 + [ct.c_void_p] * 3 + [ct.c_int] + [ct.c_int64] * 3 + [
     ct.c_void_p, ct.c_int64, ct.c_int64, ct.c_double, ct.c_void_p, ct.c_int]
+GROUPED_ARGTYPES = ARGTYPES + [ct.c_int64]
+BLOCKS = (16, 8, 4, 2, 1)  # tokens a task of the grouped kernel, most preferred first
 
 
-def native_attention(query, key, value, mask, scale: float) -> torch.Tensor | None:
+@dataclass(frozen=True)
+class Kernels:
+    """exact_attention.c's functions in this process's build."""
+
+    library: ct.CDLL
+    rows: ct._CFuncPtr  # spectui_exact_attention: a task per query row
+    grouped: ct._CFuncPtr  # spectui_exact_attention_grouped: a task per (batch, kv head, block of tokens)
+    vector_exp: bool  # its 4-lane exp gives the C library's bits here (checked once), so it is used
+
+
+_KERNELS: dict[int, Kernels] = {}  # id(library) -> its Kernels
+
+
+def kernels() -> Kernels | None:
+    """This process's kernels, or None (no compiler, no AVX2, SPECTUI_CPU_KERNELS=0: read on every call)."""
+    lib, _ = native.get("exact_attention")
+    if lib is None:
+        return None
+    found = _KERNELS.get(id(lib))
+    if found is None:
+        rows, _ = native.function("exact_attention", "spectui_exact_attention", ARGTYPES)
+        grouped, _ = native.function("exact_attention", "spectui_exact_attention_grouped", GROUPED_ARGTYPES)
+        init, _ = native.function("exact_attention", "spectui_exact_attention_init", [ct.POINTER(ct.c_uint64)])
+        table = exp_table()  # alive until init has copied it
+        found = _KERNELS[id(lib)] = Kernels(lib, rows, grouped, bool(init(table)))
+    return found
+
+
+def exp_table() -> ct.Array:
+    """glibc's exp table: 2^(k/128) = H (1 + T), k < 128, as uint64 [T's bits, H's bits - (k << 45)]."""
+    def bits(x: float) -> int:
+        return struct.unpack("<Q", struct.pack("<d", x))[0]
+    tab = []
+    with localcontext() as ctx:
+        ctx.prec = 60
+        for k in range(128):
+            x = (Decimal(2).ln() * k / 128).exp()
+            h = float(x)  # correctly rounded
+            tab += [bits(float((x - Decimal(h)) / Decimal(h))), (bits(h) - (k << 45)) % 2**64]
+    return (ct.c_uint64 * 256)(*tab)
+
+
+@functools.lru_cache(maxsize=1024)
+def tokens_per_task(B: int, Hq: int, Hkv: int, T: int, threads: int) -> int | None:
+    """The grouped kernel's tokens a task: the most (of BLOCKS) that give every thread two tasks, else one
+    task; None (the per-row kernel) where a row would be alone in its task or a thread would stay idle."""
+    if T == 1 and Hq == Hkv:
+        return None
+    tasks = {b: B * Hkv * -(-T // b) for b in BLOCKS}
+    return next((b for b in BLOCKS if tasks[b] >= 2 * threads), next((b for b in BLOCKS if tasks[b] >= threads), None))
+
+
+def native_attention(query, key, value, mask, scale: float, block: int | None = None) -> torch.Tensor | None:
     """exact_attention.c's result [B, Hq, T, D] float32, or None where it does not apply (not a float32
-    CPU query, keys and values not alike in dtype and strides, an additive or per-head mask, no library)."""
+    CPU query, keys and values not alike in dtype and strides, an additive or per-head mask, no library).
+    block: tokens a task of the grouped kernel, 0 for the per-row kernel, None as tokens_per_task routes."""
     B, Hq, T, D = query.shape
     Hkv, S = key.shape[1], key.shape[2]
     if (query.device.type != "cpu" or query.dtype != torch.float32 or key.dtype != value.dtype
@@ -140,16 +208,17 @@ def native_attention(query, key, value, mask, scale: float) -> torch.Tensor | No
         allowed = allowed.contiguous()
         if allowed.shape[-2:] != (T, S):
             return None
-    kernel, _ = native.function("exact_attention", "spectui_exact_attention", ARGTYPES)
-    if kernel is None:
+    found = kernels()
+    if found is None:
         return None
+    threads = torch.get_num_threads()
+    block = tokens_per_task(B, Hq, Hkv, T, threads) if block is None else block
     q = query.contiguous()  # [B, Hq, T, D]
     out = torch.empty(B, Hq, T, D, dtype=torch.float32)
     mask_sb = 0 if allowed is None or allowed.shape[0] == 1 else allowed.stride(0)
-    failed = kernel(
-        B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), int(key.dtype == torch.float64),
-        key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
-        0 if allowed is None else allowed.stride(1), float(scale), out.data_ptr(), torch.get_num_threads())
-    if failed:
+    args = (B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), int(key.dtype == torch.float64),
+            key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
+            0 if allowed is None else allowed.stride(1), float(scale), out.data_ptr(), threads)
+    if found.grouped(*args, block) if block else found.rows(*args):
         raise MemoryError("the exact attention kernel could not allocate its scratch")
     return out

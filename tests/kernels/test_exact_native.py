@@ -1,18 +1,24 @@
-"""The exact attention's C kernel (kernels/exact_attention.c) against its torch float64 path.
+"""The exact attention's C kernels (kernels/exact_attention.c) against its torch float64 path and each other.
 
-The kernel must give the torch path's results (both are float64 rounded once to float32), a tree
+The kernels must give the torch path's results (both are float64 rounded once to float32), a tree
 row the bits of a one-token pass over the keys it sees, the same bits from float32 and float64
-storage, and zeros for a row that may see nothing. The other tests of the exact attention
-(test_exact.py) run on whichever path this machine takes.
+storage, and zeros for a row that may see nothing. The grouped kernel must give every row the
+per-row kernel's bits, whatever the mask, batch, storage, head dimension, grouping, block or thread
+count, with its vector exp and without it. The other tests of the exact attention (test_exact.py)
+run on whichever path this machine takes.
 """
 
 from __future__ import annotations
+
+import ctypes as ct
+import platform
 
 import pytest
 import torch
 
 from spectui.kernels import exact_attention as ea
 from spectui.kernels import native
+from spectui.kernels.reference import ancestor_mask
 
 pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() is None,
                                 reason="the kernel needs x86-64 with AVX2/FMA and a C compiler")
@@ -97,3 +103,105 @@ def test_a_row_that_may_see_nothing_gives_zeros_and_others_are_untouched():
     out = ea.native_attention(q, k, v, mask, 0.125)
     assert torch.equal(out[:, :, 0], torch.zeros(1, 2, 64))
     assert torch.equal(out[:, :, 1], ea.native_attention(q[:, :, 1:], k, v, None, 0.125)[:, :, 0])
+
+
+def random_tree_masks(B: int, T: int, S: int, seed: int) -> torch.Tensor:
+    """bool [B, 1, T, S]: the prefix, then ancestors in a random forest (reference.ancestor_mask), per batch item."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(B, 1, T, S, dtype=torch.bool)
+    mask[..., : S - T] = True
+    for b in range(B):
+        parents = [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, T)]
+        mask[b, 0, :, S - T:] = ancestor_mask(parents)
+    return mask
+
+
+def lean_cache(B: int, Hkv: int, S: int, D: int, dtype, seed: int):
+    """Keys and values as LeanModel's attention gets them: [L, 2, B, Hkv, capacity, D] sliced to [:S]."""
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(3, 2, B, Hkv, S + 37, D, generator=g, dtype=dtype)
+    return kv[1, 0, :, :, :S], kv[1, 1, :, :, :S]
+
+
+def assert_grouped_is_per_row(q, k, v, mask, scale, blocks=(1, 4, 16)):
+    per_row = ea.native_attention(q, k, v, mask, scale, block=0)
+    for block in blocks:
+        grouped = ea.native_attention(q, k, v, mask, scale, block=block)
+        assert torch.equal(grouped.view(torch.int32), per_row.view(torch.int32)), f"block {block}"  # bits, signed zeros too
+    assert torch.equal(ea.native_attention(q, k, v, mask, scale), per_row)  # as routed
+
+
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("Hq, Hkv, D", [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_grouped_kernel_gives_each_row_the_per_row_kernels_bits(threads, Hq, Hkv, D, dtype):
+    for seed, (B, T, P) in enumerate([(1, 1, 150), (1, 7, 90), (2, 16, 50), (1, 40, 260)]):
+        k, v = lean_cache(B, Hkv, P + T, D, dtype, seed)
+        q = torch.randn(B, Hq + Hkv, T, D, generator=torch.Generator().manual_seed(seed))[:, :Hq]  # a view, as LeanModel's
+        mask = random_tree_masks(B, T, P + T, seed)
+        if B > 1:
+            mask[1, :, :, :5] = False  # left padding: batch item 1's first 5 positions are nobody's keys ...
+            mask[1, :, :3] = False  # ... and its first 3 rows see nothing
+        assert_grouped_is_per_row(q, k, v, mask, D**-0.5)
+        assert_grouped_is_per_row(q, k, v, ea.prepare_mask(mask, Hq, Hkv), D**-0.5)  # as LeanModel passes it
+        assert_grouped_is_per_row(q, k, v, None, D**-0.5)  # causal: row t sees keys j <= S - T + t
+
+
+def test_a_causal_prefill_of_more_than_128_rows_and_large_scores(threads):
+    """One call of 300 causal rows (the torch path cuts it in 128-row blocks; the C kernels do not), and
+    scores far apart: exp(s - m) of arguments below -512 comes from the C library itself."""
+    k, v = lean_cache(1, 3, 310, 64, torch.float64, 5)
+    q = torch.randn(1, 9, 300, 64, generator=torch.Generator().manual_seed(5))
+    assert_grouped_is_per_row(q, k, v, None, 0.125)
+    big = q * 120
+    scores = big[0, 0].double() @ k[0, 0].T * 0.125  # head 0, causal limits aside
+    assert (scores.amax(-1) - scores.amin(-1)).max() > 512
+    assert_grouped_is_per_row(big, k, v, None, 0.125)
+
+
+@pytest.fixture
+def library_exp():
+    """The grouped kernel with its exp from the C library alone: init with a wrong table turns the vector exp off."""
+    found = ea.kernels()
+    init, _ = native.function("exact_attention", "spectui_exact_attention_init", [ct.POINTER(ct.c_uint64)])
+    wrong = ea.exp_table()
+    wrong[2 * 77 + 1] ^= 1
+    assert init(wrong) == 0
+    yield
+    table = ea.exp_table()
+    assert init(table) == int(found.vector_exp)
+
+
+def test_with_the_c_librarys_exp_alone_the_bits_are_the_same(library_exp):
+    k, v = lean_cache(2, 3, 120, 64, torch.float64, 8)
+    q = torch.randn(2, 9, 20, 64, generator=torch.Generator().manual_seed(8))
+    mask = random_tree_masks(2, 20, 120, 8)
+    with_library_exp = ea.native_attention(q, k, v, mask, 0.125, block=8)
+    assert torch.equal(with_library_exp, ea.native_attention(q, k, v, mask, 0.125, block=0))
+
+
+def test_the_vector_exp_is_used_here():
+    """On x86-64 glibc (2.28 or later: the exp its vector copy follows) the check at load finds them equal."""
+    libc, version = platform.libc_ver()
+    if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 28):
+        pytest.skip(f"{libc} {version}: the kernel calls the C library's exp")
+    assert ea.kernels().vector_exp
+
+
+def test_routing():
+    """Tokens a task: the largest block giving two tasks a thread (else one); the per-row kernel where a
+    row would be alone in its task or there are fewer tasks than threads."""
+    assert ea.tokens_per_task(1, 9, 3, 1, threads=2) == 16  # 3 tasks of one token: T = 1 with 3 query heads a kv head
+    assert ea.tokens_per_task(1, 9, 3, 8, threads=2) == 4  # 6 tasks
+    assert ea.tokens_per_task(1, 9, 3, 769, threads=2) == 16
+    assert ea.tokens_per_task(1, 32, 32, 1, threads=2) is None  # one row a task: the per-row kernel
+    assert ea.tokens_per_task(1, 32, 32, 4, threads=2) == 16
+    assert ea.tokens_per_task(1, 9, 3, 1, threads=8) is None  # 3 tasks, 8 threads
+    assert ea.tokens_per_task(1, 9, 3, 4, threads=8) == 1  # 12 tasks
