@@ -26,7 +26,7 @@ class ModelDrafter:
 
     def __init__(self, name: str, model) -> None:
         self.name = name
-        self.runner = runner_for(model)  # LeanModel for a LLaMA SSM on CPU, else CachedModel
+        self.runner = runner_for(model, drafting=True)  # LeanModel for a LLaMA SSM on CPU, else CachedModel
         self.ids: list[int] = []  # the tokens whose key/values sit in the SSM cache
         self.ready: torch.Tensor | None = None  # logits [1, V] after ids[-1], from a prefetch (pipeline.py)
         self.prefetches = self.hits = 0  # prefetches run, and those whose guess the verifier confirmed

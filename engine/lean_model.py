@@ -74,10 +74,11 @@ def supports(model) -> bool:
     )
 
 
-def runner_for(model):
-    """LeanModel where it applies (and SPECTUI_RUNNER is not "transformers"), else CachedModel."""
+def runner_for(model, drafting: bool = False):
+    """LeanModel where it applies (and SPECTUI_RUNNER is not "transformers"), else CachedModel.
+    drafting: the model only drafts (an SSM), so its dense layers may take kernels/dense_cpu.py."""
     if os.environ.get(ENV_VAR, "auto").strip().lower() != "transformers" and supports(model):
-        return LeanModel(model)
+        return LeanModel(model, drafting)
     return CachedModel(model)
 
 
@@ -85,15 +86,17 @@ class Projection:
     """x [T, H] -> cat(module_1(x), ..., module_k(x)) [T, N]: one fused 4-bit call where bitsandbytes'
     CPU kernel runs these modules; one matmul over their stacked weights for plain bias-free Linears
     when `stack_dense` (an SSM: not the same rounding as separate products, which only an exact
-    verifier needs), through kernels/dense_cpu.py where that serves this CPU; else the modules themselves."""
+    verifier needs), through kernels/dense_cpu.py for a drafter (`drafting`: bf16 weights, never a
+    verifier's) where that serves this CPU; else the modules themselves."""
 
-    def __init__(self, modules, stack_dense: bool = False) -> None:
+    def __init__(self, modules, stack_dense: bool = False, drafting: bool = False) -> None:
         self.modules = list(modules)
         self.packed = pack_group(self.modules) or kernel_group(self.modules)  # AVX512-BF16: bitsandbytes'; else ours
         self.stacked = None
         if self.packed is None and stack_dense and all(type(m) is torch.nn.Linear and m.bias is None for m in modules):
             self.stacked = torch.cat([m.weight for m in self.modules]).detach()  # [N, H]
-        self.dense = dense(self.stacked) if self.stacked is not None and self.stacked.dtype == torch.float32 else None
+        fp32_stack = self.stacked is not None and self.stacked.dtype == torch.float32
+        self.dense = dense(self.stacked) if drafting and fp32_stack else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -107,14 +110,14 @@ class Projection:
 
 
 class Layer:
-    def __init__(self, layer, stack_dense: bool) -> None:
+    def __init__(self, layer, stack_dense: bool, drafting: bool = False) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm_in = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         self.norm_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-        self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], stack_dense)
-        self.o = Projection([attn.o_proj], stack_dense)
-        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], stack_dense)
-        self.down = Projection([mlp.down_proj], stack_dense)
+        self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], stack_dense, drafting)
+        self.o = Projection([attn.o_proj], stack_dense, drafting)
+        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], stack_dense, drafting)
+        self.down = Projection([mlp.down_proj], stack_dense, drafting)
         self.scaling = attn.scaling
 
 
@@ -134,7 +137,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class LeanModel:
-    def __init__(self, model) -> None:
+    def __init__(self, model, drafting: bool = False) -> None:
         config = model.config
         self.model = model
         self.device = torch.device("cpu")
@@ -143,9 +146,10 @@ class LeanModel:
         self.norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.head = model.lm_head
         self.exact = config._attn_implementation == EXACT_NAME  # else SDPA, in the model's dtype
-        plain_head = not self.exact and getattr(self.head, "bias", None) is None and self.head.weight.dtype == torch.float32
+        drafting = drafting and not self.exact  # an SSM: drafts need speed, not the verifier's rounding
+        plain_head = drafting and getattr(self.head, "bias", None) is None and self.head.weight.dtype == torch.float32
         self.dense_head = dense(self.head.weight) if plain_head else None  # an SSM's output layer (dense_cpu.py)
-        self.layers = [Layer(layer, stack_dense=not self.exact) for layer in model.model.layers]
+        self.layers = [Layer(layer, not self.exact, drafting) for layer in model.model.layers]
         self.cache_dtype = torch.float64 if self.exact else model.model.embed_tokens.weight.dtype
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads

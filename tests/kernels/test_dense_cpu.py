@@ -71,9 +71,12 @@ def test_ssm_and_feature_head_layers_use_it_where_wanted(monkeypatch):
     config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval()  # a tiny random SSM
-    lean = LeanModel(model)
+    lean = LeanModel(model, drafting=True)
     assert lean.dense_head is not None and all(p.dense is not None for layer in lean.layers
                                                for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    verifying = LeanModel(model)  # a verifier on the SDPA path keeps its fp32 weights
+    assert verifying.dense_head is None and all(p.dense is None for layer in verifying.layers
+                                                for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     ids = [5, 9, 2, 7, 11, 3]
     with torch.inference_mode():
         got = lean.forward_chain(ids)  # [T, V]
