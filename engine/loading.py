@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..kernels.guarded_head import install_guarded_head
-from ..kernels import native
+from ..kernels import dense_cpu, native
 from ..kernels.nf4_cpu import install as install_4bit_kernel
 from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
 from .cache_health import discard_entry, entry_problem, hub_cache, in_model_cache, mark_entry  # noqa: F401 (part of this module's API)
@@ -263,6 +263,7 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
     if device == "cpu" and attn == EXACT_ATTENTION:
         install_guarded_head(model)  # argmax-exact logits for tree passes (kernels/guarded_head.py)
         native.get("exact_attention", kernel_dir)  # built here, in the cache, rather than at the first call
+        dense_cpu.prepare(kernel_dir)  # the output screen's product (and the drafters'), likewise
         if quant in ("nf4", "fp4"):
             model.spectui_4bit = install_4bit_kernel(model, kernel_dir).describe()
     elif config is not None and device == "cpu":
@@ -276,14 +277,12 @@ def load_feature_head(name: str, folder: Path, verifier, device: str):
         head = FeatureHead.load(folder, drafter_dtype(device))
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise ModelLoadError(f"cannot load feature head {name} from {folder}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    config = verifier.config
-    if head.config.hidden != config.hidden_size or int(head.vocab_ids.max()) >= config.vocab_size:
+    if head.config.hidden != verifier.config.hidden_size or int(head.vocab_ids.max()) >= verifier.config.vocab_size:
         raise ModelLoadError(
             f"feature head {name} was made for another verifier (hidden size {head.config.hidden}, "
-            f"the verifier's {config.hidden_size})", usage=True)
+            f"the verifier's {verifier.config.hidden_size})", usage=True)
     head.attach(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight, verifier=verifier)
-    if device == "cpu":
-        head.use_kernels()  # AVX2 CPUs without AVX512-BF16: kernels/dense_cpu.py
+    head.use_kernels()  # CPU weights on AVX2 CPUs without AVX512-BF16: kernels/dense_cpu.py
     return head
 
 

@@ -9,7 +9,9 @@ vector serve up to four input rows, so one to four rows cost about what reading 
 Where bf16 compute is fast (CUDA, AVX512-BF16 CPUs) drafters already run in bf16 through torch
 (engine/loading.py drafter_dtype) and this kernel is not used. A drafter's weights round to bf16
 here (an SSM saved in bf16, as the shipped ones are, loses nothing); drafting needs speed, not the
-verifier's rounding, and nothing on the verifier's path uses this file.
+verifier's rounding. The verifier's own logits never come from it: its one other user is the
+output layer's argmax screen (kernels/argmax_head.py), which only shortlists candidates under a
+proven rounding bound and takes every decided logit from the fp32 head.
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ def wanted() -> bool:
 def available() -> bool:
     """The kernel serves this CPU: wanted here, switched on and built."""
     return wanted() and native.function("dense_cpu", "spectui_dense_bf16", ARGTYPES)[0] is not None
+
+
+def prepare(folder: Path | None) -> None:
+    """Build the kernel into `folder` (the model cache's kernels/) where it is wanted, rather than at first use."""
+    if wanted():
+        native.get("dense_cpu", folder)
 
 
 def dense(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Path | None = None) -> DenseKernel | None:
