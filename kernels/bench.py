@@ -142,7 +142,8 @@ def run(args: argparse.Namespace, report: dict) -> None:
     import triton.testing
 
     from .reference import dense_tree_mask
-    from .triton_tree import launch_plan, pack_tree_mask, tree_attention_triton
+    from .triton_launch import launch_plan
+    from .triton_tree import pack_tree_mask, tree_attention_triton
 
     dev, dtype = DEVICE, getattr(torch, args.dtype)
     B, Hq, D = args.batch, args.heads, args.dim

@@ -1,12 +1,13 @@
 """spectui's C kernels for CPU (nf4_cpu.c, exact_attention.c): built with the system C compiler, loaded with ctypes.
 
-Each source is compiled at first use (under a second: one file, no headers beyond the compiler's)
-into a folder the caller names (the loader passes the model cache's `kernels/` folder), else a
-temporary one, under a name keyed by a hash of the source, the flags and the compiler; a build of an
-older source is removed when a new one is made. A library is loaded once per process, and `get`
-hands the same one to every later caller, whatever folder it names, so every call of a kernel in
-a process runs the same code. Where there is no compiler, no AVX2/FMA or the build fails, `get`
-returns None with the reason, once per process, and callers keep their torch or bitsandbytes path.
+Each source is compiled at first use (under a second: one file and the headers of this folder it
+includes) into a folder the caller names (the loader passes the model cache's `kernels/` folder),
+else a temporary one, under a name keyed by a hash of the source, this folder's headers, the flags
+and the compiler; a build of an older source is removed when a new one is made. A library is loaded
+once per process, and `get` hands the same one to every later caller, whatever folder it names, so
+every call of a kernel in a process runs the same code. Where there is no compiler, no AVX2/FMA or
+the build fails, `get` returns None with the reason, once per process, and callers keep their torch
+or bitsandbytes path.
 `SPECTUI_CPU_KERNELS=0` turns them all off (for comparison).
 """
 
@@ -63,7 +64,8 @@ def build(name: str, folder: Path | None) -> tuple[ct.CDLL | None, str]:
     if cc is None:
         return None, "no C compiler (cc) found"
     source = Path(__file__).with_name(f"{name}.c")
-    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + compiler_version(cc).encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode() + compiler_version(cc).encode()).hexdigest()[:16]
     folder = Path(folder) if folder is not None else default_folder()
     target = folder / f"{name}-{key}.so"
     if not target.exists():
