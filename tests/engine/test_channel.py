@@ -3,14 +3,13 @@ that sends garbage, dies, stalls and replies late. The real engine's side is in 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
+from background_turn import BackgroundTurn, ask
 from fake_engine import WORDS, serve, words_for
 
 from spectui.engine.channel import Advance, Chat, Done, Rejected, Step, Stop
-from spectui.engine.chat import Conversation
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, prepare_engine_process
 
@@ -22,12 +21,6 @@ def start(script: str, **options) -> EngineWorker:
     worker = EngineWorker(LoadRequest(script), serve=serve, **options)
     worker.wait_loaded()
     return worker
-
-
-def ask(text: str) -> Conversation:
-    conversation = Conversation()
-    conversation.add("user", text)
-    return conversation
 
 
 def test_a_turn_streams_every_step_and_the_reply():
@@ -125,23 +118,12 @@ def test_stop_and_advance_act_only_on_their_own_turn():
         worker.set_step_mode(True)
         worker.conn.send(Advance(turn=99))  # another turn's advance must not release this turn
         worker.conn.send(Stop(turn=99))
-        events, done = [], threading.Event()
-
-        def run():
-            events.extend(e.new_text for e in worker.chat(ask("p"), SETTINGS))
-            done.set()
-
-        threading.Thread(target=run, daemon=True).start()
-        deadline = time.monotonic() + 10
-        while not events and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.5)
-        assert len(events) == 1  # paused after the first step
+        turn = BackgroundTurn(worker, ask("p"), SETTINGS)
+        assert turn.wait_for(1, 10) == 1 and turn.count_after(0.5) == 1  # paused after the first step
         worker.advance()
-        time.sleep(0.5)
-        assert len(events) == 2
+        assert turn.wait_for(2, 10) == 2 and turn.count_after(0.5) == 2  # one step a release
         worker.set_step_mode(False)
-        assert done.wait(10) and events == words_for("p")
+        assert turn.done.wait(10) and [e.new_text for e in turn.events] == words_for("p")
     finally:
         worker.close()
 

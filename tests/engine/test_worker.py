@@ -5,9 +5,10 @@ The real engine's side of the channel; the parent's side against a misbehaving f
 from __future__ import annotations
 
 import pytest
+from background_turn import BackgroundTurn, ask
 
 from spectui import paths
-from spectui.engine.chat import Conversation, chat_turn
+from spectui.engine.chat import chat_turn
 from spectui.engine.loading import build_engine
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.channel import Stop
@@ -23,12 +24,6 @@ def worker(embedded_dir):
     worker.wait_loaded()
     yield worker
     worker.close()
-
-
-def ask(text: str) -> Conversation:
-    conversation = Conversation()
-    conversation.add("user", text)
-    return conversation
 
 
 def test_worker_matches_the_engine_in_this_process(worker, embedded_models):
@@ -68,34 +63,15 @@ def test_stop_is_honoured_within_a_step(worker):
 
 
 def test_step_mode_waits_for_advance(worker):
-    import threading
-    import time
-
     worker.set_step_mode(True)
     try:
-        events = []
-        done = threading.Event()
-
-        def run():
-            for event in worker.chat(ask(QUESTION), GenerationSettings(max_new_tokens=12)):
-                events.append(event)
-            done.set()
-
-        threading.Thread(target=run, daemon=True).start()
-        deadline = time.monotonic() + 60
-        while not events and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)
-        assert len(events) == 1  # paused after the prefill step
+        turn = BackgroundTurn(worker, ask(QUESTION), GenerationSettings(max_new_tokens=12))
+        assert turn.wait_for(1, 60) == 1 and turn.count_after(1.0) == 1  # paused after the prefill step
         worker.advance()
-        deadline = time.monotonic() + 60
-        while len(events) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)
-        assert len(events) == 2
+        assert turn.wait_for(2, 60) == 2 and turn.count_after(1.0) == 2
     finally:
         worker.set_step_mode(False)  # releases the paused turn
-    assert done.wait(60) and events[-1].finished
+    assert turn.done.wait(60) and turn.events[-1].finished
 
 
 def test_loading_failure_is_one_line(embedded_dir, tmp_path):
