@@ -72,15 +72,8 @@ def resolve_backend(device: torch.device | str, requested: str | None = None) ->
     raise AttentionBackendError(f"{ENV_VAR}=triton does not support device {device} (use CUDA, or torch)")
 
 
-def tree_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    tree_mask: torch.Tensor,
-    prefix_len: int,
-    scale: float | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tree_mask: torch.Tensor, prefix_len: int,
+                   scale: float | None = None, backend: str | None = None) -> torch.Tensor:
     """Attention of T tree nodes over a committed prefix plus their ancestors.
 
     q: [B, Hq, T, D]; k, v: [B, Hkv, prefix_len + T, D] (prefix, then the tree nodes; Hq % Hkv == 0);

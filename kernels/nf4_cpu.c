@@ -184,27 +184,23 @@ int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
             gemv_rows(g * ROWS, K, x, w, absmax, bs, code, y);
         return 0;
     }
-    if (M <= 4) { /* M = 2 too: two weight rows a pass decode half as often as gemv2_rows' four (measured faster) */
-        float *spare = (float *)malloc(sizeof(float) * N); /* outputs of missing rows, M < 4 */
-        if (spare == NULL) return 1;
-        const float *xs[4];
-        float *ys[4];
-        row_views(4, M, x, ldx, y, ldy, spare, xs, ys);
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t g = 0; g < N / 2; g++)
-            gemv4_rows(g * 2, K, xs, w, absmax, bs, code, ys);
-        free(spare);
-        return 0;
-    }
-    if (M <= 8) {
-        float *spare = (float *)malloc(sizeof(float) * N); /* outputs of missing rows, M < 8 */
+    if (M <= 8) { /* 2-4 rows: the 4-row path (M = 2 too: two weight rows a pass decode half as often as
+                   * gemv2_rows' four, measured faster); 5-8 rows: each decoded vector serves 8 rows */
+        const int P = M <= 4 ? 4 : 8;
+        float *spare = (float *)malloc(sizeof(float) * N); /* outputs of missing rows, M < P */
         if (spare == NULL) return 1;
         const float *xs[8];
         float *ys[8];
-        row_views(8, M, x, ldx, y, ldy, spare, xs, ys);
+        row_views(P, M, x, ldx, y, ldy, spare, xs, ys);
+        if (P == 4) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n++)
-            gemv8_row(n, K, xs, w, absmax, bs, code, ys);
+            for (int64_t g = 0; g < N / 2; g++)
+                gemv4_rows(g * 2, K, xs, w, absmax, bs, code, ys);
+        } else {
+#pragma omp parallel for schedule(static) num_threads(threads)
+            for (int64_t n = 0; n < N; n++)
+                gemv8_row(n, K, xs, w, absmax, bs, code, ys);
+        }
         free(spare);
         return 0;
     }

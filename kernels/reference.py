@@ -93,14 +93,8 @@ def dense_tree_mask(tree_mask: torch.Tensor, prefix_len: int) -> torch.Tensor:
     return torch.cat([prefix, tree_mask], dim=-1).unsqueeze(1)
 
 
-def tree_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    tree_mask: torch.Tensor,
-    prefix_len: int,
-    scale: float | None = None,
-) -> torch.Tensor:
+def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tree_mask: torch.Tensor, prefix_len: int,
+                             scale: float | None = None) -> torch.Tensor:
     """Tree attention by masked SDPA. q [B, Hq, T, D], k/v [B, Hkv, prefix_len+T, D] -> [B, Hq, T, D].
 
     Also accepts float64 (for tests). Rows with nothing to attend to (impossible for a real tree:
