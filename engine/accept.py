@@ -114,35 +114,54 @@ class SamplingLog:
 def accept_stochastic(
     tree: TokenTree, probs: torch.Tensor, generator: torch.Generator, log: SamplingLog | None = None
 ) -> tuple[list[int], int]:
-    """probs [N, V] target distributions of the tree nodes -> (accepted node ids, bonus token)."""
+    """probs [N, V] target distributions of the tree nodes -> (accepted node ids, bonus token).
+
+    The residual is kept as the node's target p and the tokens removed from it: its mass is
+    sum(p) (float64) minus theirs, so a test reads one entry of p, and only the bonus draw touches
+    the whole vocabulary."""
     node, accepted = 0, []
     while True:
-        p = probs[node].clone()  # [V] the residual, starts as the target
+        p = probs[node]  # [V] the target at this node
+        mass = float(p.sum(dtype=torch.float64))  # the residual's mass
+        removed: list[int] = []  # tokens of the children rejected here (the residual is p without them)
         descended = False
         for child in ordered_children(tree, node):
             token = tree.tokens[child]
-            mass = p.sum()
             if mass <= 0:
                 break
+            p_token = 0.0 if token in removed else float(p[token])
             # q = delta(token): accept with p(token) / (remaining mass), else remove it
-            draw = torch.rand((), generator=generator, dtype=torch.float64)
-            taken = bool(draw * mass < p[token])
+            draw = float(torch.rand((), generator=generator, dtype=torch.float64))
+            taken = draw * mass < p_token
             if log is not None:
-                log.tests.append((child, float(draw), float(p[token] / mass), taken))
+                log.tests.append((child, draw, p_token / mass, taken))
             if taken:
                 accepted.append(child)
                 node, descended = child, True
                 break
-            p[token] = 0.0
+            removed.append(token)
+            mass -= p_token
         if not descended:
-            if p.sum() <= 0:  # float dust: every supported token was a rejected child
-                p = probs[node]
-            bonus = sample_token(p / p.sum(), generator)
+            left = p
+            if removed:
+                left = p.clone()
+                left[removed] = 0.0
+                if float(left.sum()) <= 0:  # float dust: every supported token was a rejected child
+                    left = p
+            bonus = sample_token(left, generator)
             if log is not None:
-                log.drew(node, probs[node], p, bonus)
+                log.drew(node, p, left, bonus)
             return accepted, bonus
 
 
-def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One draw from a [V] distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+def sample_token(weights: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from the distribution proportional to weights [V] (>= 0, not all 0), by inverse CDF:
+    with c the float64 cumulative sum and u uniform in [0, c[-1]), the first i with c[i] > u, so
+    P(i) = (c[i] - c[i-1]) / c[-1] = w_i / sum(w), and a zero weight is never drawn (c does not rise
+    there). One uniform and a binary search: torch.multinomial costs ~2 ms over a 49k vocabulary."""
+    cdf = torch.cumsum(weights, 0, dtype=torch.float64)  # [V]
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]  # [1]
+    i = int(torch.searchsorted(cdf, u, right=True))
+    if i >= len(weights) or weights[i] <= 0:  # u rounded up to the total: the last token with weight
+        i = int(torch.nonzero(weights > 0)[-1])
+    return i
