@@ -16,7 +16,9 @@ is given by its caller (`models_dir`: the model cache; `cost_cache`: measured st
 Load      load_engine(model, ssms, quant, device, progress, cost_cache, models_dir) -> (LoadedModels,
           SpeculativeEngine); load_models (the models without an engine); resolve_model / resolve_ssm
           (--model / --ssm values, checked before loading); preset_rows(models_dir), cache_entries(models_dir)
-          and remove_cache_entry(models_dir, name) (`spectui models`);
+          and remove_cache_entry(models_dir, name) (`spectui models`); model_choices(models_dir) and
+          speculator_choices(model, models_dir) (the app's model picker), choose_speculators (a preset with
+          other speculators; load_engine's `speculators`);
           QUANTS and pick_device (--quant / --device, checked before loading).
 Generate  SpeculativeEngine.generate(prompt ids, GenerationSettings) yields StepEvents; Conversation
           (history, chat template, context budget) and chat_turn (one assistant turn of it);
@@ -37,11 +39,11 @@ ModelLoadError, QUANTS, pick_device, SpeculativeEngine, AttentionBackendError) l
 
 from importlib import import_module
 
-from .catalog import CacheEntryError, cache_entries, preset_rows, remove_cache_entry
+from .catalog import CacheEntryError, cache_entries, model_choices, preset_rows, remove_cache_entry, speculator_choices
 from .chat import ContextError, Conversation, chat_turn, encode_chat
 from .events import BONUS_SOURCE, RunInfo, StepEvent, TraceError, TreeNode, read_runs, read_trace, write_trace
 from .files import private_dir, write_private
-from .presets import ModelSpecError, resolve_model, resolve_ssm
+from .presets import ModelSpecError, choose_speculators, resolve_model, resolve_ssm
 from .prompt_files import PromptFileError, read_prompt_file
 from .settings import DEFAULT_MERGE, DEFAULT_TREE, GenerationSettings, parse_tree, tree_text
 from .worker import EngineDied, EngineWorker, LoadRequest, WorkerError, engine_threads, prepare_engine_process
@@ -56,8 +58,8 @@ _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names
 __all__ = [
     "BONUS_SOURCE", "CacheEntryError", "DEFAULT_MERGE", "DEFAULT_TREE", "ContextError", "Conversation", "EngineDied", "EngineWorker",
     "GenerationSettings", "LoadRequest", "ModelSpecError", "PromptFileError", "RunInfo", "StepEvent", "TraceError", "TreeNode",
-    "WorkerError", "cache_entries", "chat_turn", "encode_chat", "engine_threads", "parse_tree", "prepare_engine_process",
-    "preset_rows", "private_dir", "read_prompt_file", "remove_cache_entry", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "tree_text",
+    "WorkerError", "cache_entries", "chat_turn", "choose_speculators", "encode_chat", "engine_threads", "model_choices", "parse_tree", "prepare_engine_process",
+    "preset_rows", "private_dir", "read_prompt_file", "remove_cache_entry", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "speculator_choices", "tree_text",
     "write_private", "write_trace", *_LAZY_NAMES,
 ]
 

@@ -35,6 +35,16 @@ def entry_problem(folder: Path, models_dir: Path) -> str | None:
     return marker_problem(Path(folder), read_marker(Path(folder) / CACHE_MARKER) or {})
 
 
+def hub_cache_problem(repo_id: str, models_dir: Path) -> str | None:
+    """None when the pinned (else main) snapshot of repo_id is cached and passes `entry_problem`."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from .presets import hub_revision
+
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(models_dir), revision=hub_revision(repo_id))
+    return entry_problem(Path(found).parent, models_dir) if isinstance(found, str) else "not downloaded"
+
+
 def mark_entry(folder: Path, info: dict, models_dir: Path) -> None:
     """Write the marker of a sound cache entry that has none (a read-only cache is left as it is)."""
     from .embedded import CACHE_MARKER, read_marker, write_cache_marker

@@ -21,7 +21,7 @@ def cache_problem(source: str, models_dir: Path) -> str | None:
         from .embedded import cache_problem as embedded_problem, embedded_model_dir
 
         return embedded_problem(embedded_model_dir(models_dir))
-    from .loading import hub_cache_problem
+    from .cache_health import hub_cache_problem
 
     return hub_cache_problem(source, models_dir)
 
@@ -54,6 +54,38 @@ def describe_ssm(source: str) -> str:
         kind = "feature head" if name.endswith("-feature") else "boost-tuned"  # ssms/README.md names them so
         return f"{name} ({kind}, shipped with spectui)"
     return source
+
+
+def model_choices(models_dir: Path) -> list[dict]:
+    """The app's model picker: what `spectui models` lists, as --model values (`spec`) with a `label`
+    and whether each is `cached`: every preset, then each cached model no preset covers (a hub id,
+    or a converted .gguf file's folder)."""
+    rows = [{"spec": row["name"], "label": row["description"], "cached": row["cached"]} for row in preset_rows(models_dir)]
+    verifiers = {preset.verifier for preset in PRESETS.values()}
+    for entry in cache_entries(models_dir):
+        if entry["kind"] == "hub" and entry["name"] not in verifiers:
+            rows.append({"spec": entry["name"], "label": "hub model in the model cache", "cached": True})
+        elif entry["kind"] == "gguf":
+            rows.append({"spec": entry["path"], "label": f"{entry['name']} (converted .gguf)", "cached": True})
+    return rows
+
+
+def speculator_choices(model: str, models_dir: Path) -> list[tuple[str, str]]:
+    """The model picker's speculators for `model` (a --model value): (choice, label), each choice as
+    presets.choose_speculators takes it: a preset's own SSMs first, the n-gram drafter alone, none,
+    then every SSM a preset names that is shipped or cached, with the n-gram drafter."""
+    preset = PRESETS.get(model)
+    choices = []
+    if preset is not None and preset.ssms:
+        own = [describe_ssm(source).split(" (")[0] for source in preset.ssms] + (["n-gram"] if preset.ngram else [])
+        choices.append(("default", f"the preset's: {', '.join(own)}"))
+    choices += [("ngram", "n-gram drafter only (prompt lookup)"), ("none", "none: one token a step, no speculation")]
+    owners = sorted(PRESETS.values(), key=lambda p: p is not preset)  # this preset's SSMs first
+    for source in dict.fromkeys(source for owner in owners for source in owner.ssms):
+        if cache_problem(source, models_dir) is None:
+            fits = "" if preset is not None and source in preset.ssms else " (it must share this model's vocabulary)"
+            choices.append((source, f"{describe_ssm(source)} + n-gram{fits}"))
+    return choices
 
 
 def folder_bytes(path: Path) -> int:

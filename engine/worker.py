@@ -47,6 +47,7 @@ class LoadRequest:
     log_file: str | None = None  # where the child's stdout and stderr go (None: a temporary file)
     cost_cache: str | None = None  # folder of measured cost models (None: measure at every start)
     models_dir: str | None = None  # the model cache (None: local model folders only; engine/loading.py)
+    speculators: str = "default"  # the preset's own SSMs, or "ngram", "none" or one SSM (presets.choose_speculators)
 
 
 @dataclass
@@ -130,7 +131,7 @@ def _load(conn, request: LoadRequest):
         warnings.simplefilter("ignore")
         return load_engine(request.model, request.ssms, request.quant, request.device, progress,
                            Path(request.cost_cache) if request.cost_cache else None,
-                           Path(request.models_dir) if request.models_dir else None)
+                           Path(request.models_dir) if request.models_dir else None, request.speculators)
 
 
 # ---------------------------------------------------------------- parent side

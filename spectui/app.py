@@ -11,7 +11,8 @@ one notice says what happened and ctrl+e (or ctrl+p → Restart engine) starts a
 the same StepArrived path (replay_actions.py). History lives in
 SQLite (store.py): the user message is saved when sent, the (possibly partial) answer with its
 token origins when the turn ends; conversation commands are in history_actions.py, a focused
-message's (copy, edit & resend, regenerate, continue) in message_actions.py.
+message's (copy, edit & resend, regenerate, continue) in message_actions.py, switching the model
+(ctrl+o) in model_actions.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .engine import GenerationSettings, prepare_engine_process
 from .engine_link import EngineLink
 from .history_actions import HistoryActions
 from .message_actions import MessageActions
+from .model_actions import ModelActions
 from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 from .replay import ReplayCursor
 from .replay_actions import ReplayActions
@@ -53,13 +55,13 @@ class Turn:
     first_piece: int = 0  # where this turn's (piece, origin) entries start in the answer block
 
 
-class SpecTuiApp(HistoryActions, MessageActions, ReplayActions, App):
+class SpecTuiApp(HistoryActions, MessageActions, ModelActions, ReplayActions, App):
     TITLE = "spectui"
     CSS_PATH = STYLESHEET
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
+        model: str | None = None,  # None: the config's (the model last picked with ctrl+o; smollm2-135m)
         ssms: Iterable[str] = (),
         quant: str = "nf4",
         device: str = "auto",
@@ -75,7 +77,7 @@ class SpecTuiApp(HistoryActions, MessageActions, ReplayActions, App):
         engine_threads: int | None = None,  # torch threads of the engine process (None: every core)
     ) -> None:
         super().__init__()
-        self.model_spec, self.ssm_specs, self.quant, self.device_spec = model, tuple(ssms), quant, device
+        self.ssm_specs, self.quant, self.device_spec = tuple(ssms), quant, device
         self.seed, self.system_override, self.trace = seed, system, trace
         self.config: Config = load_config(paths.config_file())  # this session's; the file changes only in remember()
         for name, value in (overrides or {}).items():  # command-line flags: this session only
@@ -83,7 +85,8 @@ class SpecTuiApp(HistoryActions, MessageActions, ReplayActions, App):
         if step_mode is not None:
             self.config.step_mode = step_mode
         self.info = None  # ModelInfo of the loaded models
-        self.link = EngineLink(self, model, self.ssm_specs, quant, device, trace, engine_threads)
+        self.model_spec, self.speculators = (model, "default") if model else (self.config.model, self.config.speculators)
+        self.link = EngineLink(self, self.model_spec, self.ssm_specs, quant, device, trace, engine_threads, self.speculators)
         self.load_error: str | None = None
         self.generating = False
         self.store: Store | None = None
@@ -169,13 +172,14 @@ class SpecTuiApp(HistoryActions, MessageActions, ReplayActions, App):
         status.engine_pid = self.info.pid
         status.state = "ready"
         self.chat.set_notice(None)
+        self.keep_model_choice()
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self.load_error = message.reason
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         self.chat.status.state = "no model"
-        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; ctrl+e retries.", error=True)
+        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; ctrl+e retries, ctrl+o picks another model.", error=True)
         self.notify(message.reason, title="Loading failed", severity="error", timeout=15)
 
     def on_engine_lost(self, message: EngineLost) -> None:
@@ -379,6 +383,7 @@ class SpecTuiApp(HistoryActions, MessageActions, ReplayActions, App):
         yield SystemCommand("New conversation", "Start a new chat", self.action_new_conversation)
         yield SystemCommand("Conversations", "List, switch, rename, delete chats", self.action_conversations)
         yield SystemCommand("Settings", "System prompt, temperature, top-p, tree, SSMs, max tokens", self.action_settings)
+        yield SystemCommand("Model", "Switch the model and its SSMs; the conversation stays (ctrl+o)", self.action_pick_model)
         yield SystemCommand("Search earlier prompts", "Find a prompt you sent and edit or send it again (ctrl+r)",
                             self.action_search_prompts)
         yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard", self.action_copy_answer)

@@ -18,7 +18,8 @@ from .options import DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFai
 
 
 def chat(
-    model: str = ModelOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="preset, hub id (org/name), model folder or .gguf "
+                                        "file (default: the model last picked in the app with ctrl+o, else smollm2-135m)"),
     ssm: Optional[list[str]] = SsmOpt,
     quant: str = QuantOpt,
     device: str = DeviceOpt,
@@ -48,7 +49,8 @@ def chat(
         from .config import Config
 
         Config(**overrides).settings(seed)  # the flags first, as generate does, before the screen opens (and saves them)
-        resolve_model(model)
+        if model is not None:  # else the config's, checked when it loads (the app says why it cannot, and ctrl+o picks another)
+            resolve_model(model)
         for spec in ssm or []:
             resolve_ssm(spec)
         if trace is not None:

@@ -1,7 +1,7 @@
-"""The user's config file (`paths.config_file()`, TOML): theme, view toggles, generation defaults.
+"""The user's config file (`paths.config_file()`, TOML): theme, view toggles, generation defaults, model.
 
 Read with tomllib. Written only when the user chooses a setting in the app (settings screen,
-a toggle, a theme), and then only the chosen keys change: `update_toml` rewrites those keys'
+a toggle, a theme, a model that loaded), and then only the chosen keys change: `update_toml` rewrites those keys'
 statements in the existing text, or adds them, and keeps every other line (comments, keys and
 tables it does not know). A file that is not valid TOML is never written: the app runs on the
 defaults and says why (`Config.notice`). Command-line flags change the session, not the file.
@@ -38,6 +38,8 @@ class Config:
     speculate: bool = True
     merge: str = DEFAULT_MERGE  # how several speculators' trees merge: union or vote
     max_new_tokens: int = 256
+    model: str = "smollm2-135m"  # the model picker's (ctrl+o) choice: what `spectui chat` loads without --model
+    speculators: str = "default"  # and its speculators: default, ngram, none or one SSM (engine choose_speculators)
     notice: str | None = None  # not saved: why (part of) the file was ignored
 
     def settings(self, seed: int | None = None) -> GenerationSettings:

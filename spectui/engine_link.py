@@ -4,6 +4,8 @@ One link per app. States: "off" (nothing started), "starting" (a loader thread w
 models), "ready", "failed" (loading failed), "dead" (the process went away, mid-answer or idle).
 `start` does nothing unless the state is off, failed or dead, so Retry / Restart pressed twice,
 or while loading, starts one engine, never two. Restarting is always explicit (`start`).
+`switch` closes the engine, ready or still loading, and aims the next `start` at another model
+(the model picker); a load it overtook posts nothing more.
 
 Everything crosses to the app as messages (messages.py): LoadProgress, ModelsLoaded,
 LoadFailed while starting; StepArrived per verifier step and one TurnFinished per turn, which
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import replace
 
 from . import paths
 from .engine import Conversation, EngineDied, EngineWorker, LoadRequest, RunInfo, WorkerError, write_trace
@@ -23,11 +26,11 @@ from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepAr
 
 class EngineLink:
     def __init__(self, app, model: str, ssms: tuple[str, ...], quant: str, device: str, trace=None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, speculators: str = "default") -> None:
         self.app = app
         self.request = LoadRequest(model, ssms, quant, device, log_file=str(paths.engine_log_file()),
                                    cost_cache=str(paths.costs_dir()), models_dir=str(paths.models_dir()),
-                                   threads=threads)
+                                   threads=threads, speculators=speculators)
         self.trace = trace
         self.state = "off"
         self.worker: EngineWorker | None = None  # the ready engine
@@ -35,6 +38,7 @@ class EngineLink:
         self.info = None
         self.reason: str | None = None  # why the state is failed or dead
         self.starts = 0  # engine processes started by this link
+        self.attempt = 0  # the newest start or switch: a load thread of an older one posts nothing
         self.generating = False
         self._lock = threading.Lock()
         self._closed = False
@@ -47,34 +51,56 @@ class EngineLink:
                 return False
             self.state, self.reason = "starting", None
             self.starts += 1
+            self.attempt += 1
+            attempt = self.attempt
         if self.worker is not None:
             self.worker.close()
             self.worker = None
         # a daemon thread, not a Textual worker: ctrl+q must not wait for a long first fetch
-        threading.Thread(target=self._load, name="spectui-load", daemon=True).start()
+        threading.Thread(target=self._load, args=(attempt, self.request), name="spectui-load", daemon=True).start()
         return True
 
-    def _load(self) -> None:
+    def switch(self, model: str, speculators: str) -> None:
+        """Close the engine (ready or loading) and aim the next `start` at this model and speculators."""
+        with self._lock:
+            workers = [w for w in (self.worker, self.loading) if w is not None]
+            self.worker = self.loading = self.info = None
+            self.state, self.reason = "off", None
+            self.attempt += 1
+            self.request = replace(self.request, model=model, ssms=(), speculators=speculators)
+        # closing a loading process waits for it up to 2 s: not on the UI thread
+        threading.Thread(target=lambda: [w.close() for w in workers], name="spectui-close", daemon=True).start()
+
+    def _load(self, attempt: int, request: LoadRequest) -> None:
         def progress(stage: str, fraction: float | None = None) -> None:
-            self.app.post_message(LoadProgress(stage, fraction))
+            if attempt == self.attempt:
+                self.app.post_message(LoadProgress(stage, fraction))
 
         progress("starting the engine process", None)
+        worker = info = error = None
         try:
-            worker = self.loading = EngineWorker(self.request)
-            info = worker.wait_loaded(progress)
+            worker = EngineWorker(request)
+            if self._settle(attempt, loading=worker):
+                info = worker.wait_loaded(progress)
         except (WorkerError, OSError) as exc:  # shown in the app, which keeps running
-            with self._lock:
-                self.loading = None
-                self.state, self.reason = "failed", str(exc)
-            self.app.post_message(LoadFailed(str(exc)))
-            return
+            error = str(exc)
+        if error is not None and self._settle(attempt, state="failed", reason=error):
+            self.app.post_message(LoadFailed(error))
+        elif info is not None and self._settle(attempt, worker=worker, info=info, state="ready"):
+            self.app.post_message(ModelsLoaded(info, worker))
+        elif worker is not None:
+            worker.close()  # overtaken by a switch, or the app closed
+
+    def _settle(self, attempt: int, **changes) -> bool:
+        """Set these attributes (and clear `loading`, unless given) when this load is still the newest
+        attempt; False when a switch or close overtook it."""
         with self._lock:
+            if attempt != self.attempt or self._closed:
+                return False
             self.loading = None
-            if self._closed:
-                worker.close()
-                return
-            self.worker, self.info, self.state = worker, info, "ready"
-        self.app.post_message(ModelsLoaded(info, worker))
+            for name, value in changes.items():
+                setattr(self, name, value)
+            return True
 
     def check(self) -> None:
         """Between turns: post EngineLost once when the ready engine's process has gone."""

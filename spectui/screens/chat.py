@@ -47,6 +47,7 @@ class ChatScreen(Screen):
         Binding("f1", "app.help", "Help"),
         Binding("f2", "app.conversations", "Chats"),
         Binding("f3", "app.settings", "Settings"),
+        Binding("ctrl+o", "app.pick_model", "Model", show=False),
         Binding("f4", "app.toggle_origins", "Origins"),
         Binding("f5", "app.toggle_step_mode", "Step mode"),
         Binding("f6", "app.next_step", "Next step", priority=True),  # priority: TextArea binds f6/f7

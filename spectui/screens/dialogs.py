@@ -37,6 +37,7 @@ KEYS = [  # docs/tui.md lists the same keys
     ("ctrl+n", "new conversation"),
     ("↑ / ↓", "in an empty message box: the prompts sent before (any conversation), newest first; edit one or send it again"),
     ("ctrl+r", "search the prompts sent before; enter puts the chosen one in the message box"),
+    ("ctrl+o", "switch the model and its SSMs (the presets and cached models `spectui models` lists, or a folder or hub id); the conversation stays and its next turns go to the new model, which the next start loads too"),
     ("ctrl+e", "restart the engine after its process stopped"),
     ("ctrl+p", "command palette (themes, export, everything above)"),
     ("ctrl+q", "quit"),

@@ -56,6 +56,21 @@ def test_llama7b_preset_loads_nf4_verifier_and_two_ssms(fake_hub):
     assert engine.speculator_names == ["llama-68m", "llama-160m", "ngram"]
 
 
+@pytest.mark.parametrize("speculators, names, fetched", [
+    ("ngram", ["ngram"], ["huggyllama/llama-7b"]),
+    ("none", [], ["huggyllama/llama-7b"]),
+    ("JackFram/llama-160m", ["llama-160m", "ngram"], ["huggyllama/llama-7b", "JackFram/llama-160m"]),
+])
+def test_load_engine_takes_another_choice_of_speculators(fake_hub, speculators, names, fetched):
+    """The app's model picker: the preset's verifier with the n-gram drafter alone, none, or one SSM
+    instead of its own two (only what is chosen is fetched and loaded)."""
+    from spectui.engine.loading import load_engine
+
+    models, engine = load_engine("llama-7b", quant="none", device="cpu", models_dir=paths.models_dir(), speculators=speculators)
+    assert engine.speculator_names == names and fake_hub == fetched
+    assert models.preset.name == "llama-7b"
+
+
 def test_llama7b_preset_generates_losslessly(fake_hub):
     models = load_models(PRESETS["llama-7b"], models_dir=paths.models_dir(), quant="nf4", device="cpu")
     engine = build_engine(models)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from textual.color import Color
-from textual.errors import NoWidget
 from textual.widgets import Button, Input
 
 from spectui.app import SpecTuiApp
@@ -15,23 +14,11 @@ from spectui.screens.dialogs import HelpScreen
 from spectui.screens.settings import SettingsScreen
 from spectui.themes import DARK, LIGHT
 
-from tui_helpers import TRACE
+from tui_helpers import TRACE, shown_on_screen
 
 pytestmark = pytest.mark.anyio
 
 SMALL = [(80, 24), (100, 30)]
-
-
-def shown_on_screen(app, widget) -> bool:
-    """The widget is drawn where the user can see it: the cell at its centre belongs to it."""
-    region = widget.region
-    if region.width == 0 or region.height == 0:
-        return False
-    try:
-        found, _ = app.screen.get_widget_at(region.x + region.width // 2, region.y + region.height // 2)
-    except NoWidget:  # off the screen
-        return False
-    return found is widget or widget in found.ancestors
 
 
 @pytest.mark.parametrize("size", SMALL)

@@ -130,18 +130,22 @@ def test_history_survives_kill_9_of_the_whole_app_mid_answer(model_home):
     assert any(c and c[0] == ("user", "Write a long story about a lighthouse keeper.") for c in contents)
 
 
+def start_without_a_model(home: Path, folder: Path, session: str) -> None:
+    """`spectui chat` at 80x24 on a folder that fails to load: the app runs, with its message box."""
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    command = f"env SPECTUI_HOME={home} {SPECTUI} chat --model {folder}"
+    assert tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", command).returncode == 0
+    wait_screen(session, lambda s: "Loading failed" in s, 120, "the load to fail")
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_alt_enter_and_ctrl_j_add_a_line_in_tmux(fresh_home, tmp_path):
     """tmux sends alt+enter as ESC + Enter, which Textual reads as Enter: it must add a line, not send.
     No model needed: a folder that fails to load leaves the app running with its message box."""
-    broken = tmp_path / "not-a-model"
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")
     session = f"spectui-keys-{os.getpid()}"
-    command = f"env SPECTUI_HOME={fresh_home} {SPECTUI} chat --model {broken}"
-    assert tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", command).returncode == 0
     try:
-        wait_screen(session, lambda s: "Loading failed" in s, 120, "the load to fail")
+        start_without_a_model(fresh_home, tmp_path / "not-a-model", session)
         time.sleep(0.5)
         tmux("send-keys", "-t", session, "-l", "first line")
         tmux("send-keys", "-t", session, "M-Enter")  # alt+enter, as tmux passes it on: ESC + CR
@@ -156,6 +160,21 @@ def test_alt_enter_and_ctrl_j_add_a_line_in_tmux(fresh_home, tmp_path):
         tmux("send-keys", "-t", session, "Enter")  # Enter still sends (refused here: no model), the text stays
         text = wait_screen(session, lambda s: "cannot answer yet" in s, 10, "the send to be refused")
         assert "third line" in text
+    finally:
+        tmux("kill-server")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_ctrl_o_opens_the_model_picker_in_tmux(fresh_home, tmp_path):
+    """ctrl+o reaches the app through a real terminal at 80x24 and opens the model picker; escape closes it."""
+    session = f"spectui-picker-{os.getpid()}"
+    try:
+        start_without_a_model(fresh_home, tmp_path / "not-a-model", session)
+        tmux("send-keys", "-t", session, "C-o")
+        text = wait_screen(session, lambda s: "Model and speculators" in s, 20, "the model picker")
+        assert "not-a-model" in text and "smollm2-135m" in text  # the session's model, then the presets
+        tmux("send-keys", "-t", session, "Escape")
+        wait_screen(session, lambda s: "Model and speculators" not in s and "Loading failed" in s, 10, "the picker to close")
     finally:
         tmux("kill-server")
 

@@ -1,4 +1,5 @@
-"""`spectui models`: what the model cache holds, its size on disk, and removing one entry.
+"""`spectui models`: what the model cache holds, its size on disk, and removing one entry; the app's
+model picker lists the same, with the speculator choices of each model.
 
 The cache here is a real folder laid out as spectui and huggingface_hub lay it out (the embedded
 model's folder, the kept wheel, a hub repository whose snapshot links to its blobs, a converted
@@ -13,7 +14,11 @@ import sys
 
 import pytest
 
-from spectui.engine import CacheEntryError, cache_entries, remove_cache_entry
+from spectui.engine import (
+    CacheEntryError, ModelSpecError, cache_entries, choose_speculators, model_choices, preset_rows, remove_cache_entry,
+    speculator_choices,
+)
+from spectui.engine.presets import PRESETS
 
 
 def write(path, size: int):
@@ -69,3 +74,31 @@ def test_models_command_lists_and_removes(tmp_path):
     assert not (models_dir / "gguf" / "throwaway-1-2").exists()
     again = subprocess.run([*cli, "--remove", "throwaway-1-2"], capture_output=True, text=True, env=os.environ.copy(), timeout=120)
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1 and "Traceback" not in again.stderr
+
+
+def test_the_model_picker_lists_what_spectui_models_lists(cache):
+    """Every preset, then each cached model no preset covers, as a --model value: the hub repository
+    that is llama-7b's verifier and the kept wheel are not listed again; the converted GGUF by its folder."""
+    rows = model_choices(cache)
+    assert [row["spec"] for row in rows] == ["smollm2-135m", "llama-7b", str(cache / "gguf" / "mine-123-456")]
+    assert [row["name"] for row in preset_rows(cache)] == ["smollm2-135m", "llama-7b"]
+    write(cache / "hub" / "models--someorg--chat" / "blobs" / "x", 9000)  # in the cache's order: largest first
+    assert [row["spec"] for row in model_choices(cache)][2:] == ["someorg/chat", str(cache / "gguf" / "mine-123-456")]
+
+
+def test_speculator_choices_and_what_each_loads(tmp_path):
+    """The preset's own SSMs first, n-gram alone, none, then the shipped SSMs (the hub ones are not cached
+    here); each choice is a preset that choose_speculators makes, ready for load_engine."""
+    smol, llama = PRESETS["smollm2-135m"], PRESETS["llama-7b"]
+    choices = [choice for choice, _ in speculator_choices("smollm2-135m", tmp_path)]
+    assert choices == ["default", "ngram", "none", *smol.ssms]
+    assert [c for c, _ in speculator_choices("llama-7b", tmp_path)] == ["default", "ngram", "none", *smol.ssms]
+    assert [c for c, _ in speculator_choices(str(tmp_path), tmp_path)] == ["ngram", "none", *smol.ssms]  # a folder: no preset
+    assert "vocabulary" in dict(speculator_choices("llama-7b", tmp_path))[smol.ssms[0]]  # another preset's SSM
+    assert choose_speculators(llama) is llama
+    assert (choose_speculators(llama, "ngram").ssms, choose_speculators(llama, "ngram").ngram) == ((), True)
+    assert (choose_speculators(llama, "none").ssms, choose_speculators(llama, "none").ngram) == ((), False)
+    assert choose_speculators(llama, smol.ssms[1]).ssms == (smol.ssms[1],)
+    assert choose_speculators(llama, "JackFram/llama-68m").ssms == ("JackFram/llama-68m",)
+    with pytest.raises(ModelSpecError, match="no such file or folder"):
+        choose_speculators(llama, str(tmp_path / "missing"))
