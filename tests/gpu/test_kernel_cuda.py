@@ -126,10 +126,10 @@ def generic(T: int) -> bool:
     return T > 1 and T * math.ceil(T / 32) % 16 != 0
 
 
-def draw_case(fam: Family, gen: torch.Generator, edge: int | None) -> tuple[int, int, torch.Tensor]:
+def draw_case(fam: Family, gen: torch.Generator, edge: int | None, max_p: int = MAX_P) -> tuple[int, int, torch.Tensor]:
     """(T, P, tree mask bool [B, T, T] on CPU) for one case of `fam`: edge number `edge` (edge tree
     size and prefix from EDGE_T / EDGE_P), or a random case (edge None): T uniform in the family's
-    range, P uniform in 65..4096, both avoiding 1 and multiples of 16 (see `generic`)."""
+    range, P uniform in 65..max_p, both avoiding 1 and multiples of 16 (see `generic`)."""
 
     def randint(lo: int, hi: int) -> int:  # inclusive
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
@@ -143,14 +143,14 @@ def draw_case(fam: Family, gen: torch.Generator, edge: int | None) -> tuple[int,
             if generic(T):
                 break
             T = randint(fam.t_lo, fam.t_hi)
-        P = randint(65, MAX_P)
+        P = randint(65, max_p)
         while P % 16 == 0:
-            P = randint(65, MAX_P)
+            P = randint(65, max_p)
     mask = torch.stack([ancestor_mask(random_parents(gen, T)) for _ in range(fam.batch)])
     return T, P, mask
 
 
-def cases(count: int, seed: int = 0):
+def cases(count: int, seed: int = 0, max_p: int = MAX_P):
     """Yield (family, T, P, mask) for `count` cases spread evenly over FAMILIES (family-major order,
     so a family's compiles happen together); every EDGE_EVERY-th case of a family, from its second
     on, is an edge case."""
@@ -160,7 +160,7 @@ def cases(count: int, seed: int = 0):
         gen = torch.Generator().manual_seed(seed * 1000 + index)
         for j in range(per_family):
             edge = edges * index + j // EDGE_EVERY if j % EDGE_EVERY == 1 else None
-            yield (fam, *draw_case(fam, gen, edge))
+            yield (fam, *draw_case(fam, gen, edge, max_p))
 
 
 def error_ratio(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
@@ -184,13 +184,13 @@ def run_case(fam: Family, T: int, P: int, mask: torch.Tensor, device: str, seed:
     return error_ratio(got, want, fam.dtype)
 
 
-def check_cases(device: str, count: int, seed: int = 0) -> dict:
+def check_cases(device: str, count: int, seed: int = 0, max_p: int = MAX_P) -> dict:
     """Run `count` (rounded up to a multiple of len(FAMILIES)) random cases on `device`. Returns counts,
     worst errors and `failures`: one line per case out of tolerance or raising (all cases run, so one
     GPU run shows every failing shape, not just the first)."""
     stats = {"cases": 0, "trees": 0, "families": len(FAMILIES), "max_abs_err": {}, "max_tol_ratio": 0.0,
              "worst_case": "", "failures": []}
-    for i, (fam, T, P, mask) in enumerate(cases(count, seed)):
+    for i, (fam, T, P, mask) in enumerate(cases(count, seed, max_p)):
         where = f"case {i}: {fam}, T={T}, P={P}"
         try:
             abs_err, ratio = run_case(fam, T, P, mask, device, seed=seed * 100_000 + i)

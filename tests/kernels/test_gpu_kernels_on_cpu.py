@@ -1,7 +1,9 @@
 """The GPU suite's kernel checks, exercised on this CPU as far as they go without a GPU (issue 15):
 
 * tests/gpu/test_kernel_cuda.py's random-case generator, one case per shape family (18), run on
-  CPU tensors through triton's interpreter (this folder's conftest sets TRITON_INTERPRET=1);
+  CPU tensors through triton's interpreter (this folder's conftest sets TRITON_INTERPRET=1), with
+  prefixes up to 1,024 tokens (the GPU run draws them up to 4,096; the interpreter's time grows with
+  the prefix, and every split and tile path is reached below 1,024);
 * the kernels compiled for an H100 (sm_90) by triton's own pipeline and ptxas, with no GPU
   (scripts/triton_sm90_compile.py --quick, in a subprocess: it swaps triton's driver).
 """
@@ -30,7 +32,7 @@ def load(path: Path, name: str):
 @pytest.mark.slow
 def test_gpu_random_cases_run_interpreted_on_cpu():
     gpu = load(ROOT / "tests" / "gpu" / "test_kernel_cuda.py", "gpu_kernel_cases")
-    stats = gpu.check_cases("cpu", len(gpu.FAMILIES))
+    stats = gpu.check_cases("cpu", len(gpu.FAMILIES), max_p=1024)
     assert not stats["failures"], "\n".join(stats["failures"])
     assert stats["cases"] == len(gpu.FAMILIES) == 18
     assert 0 < stats["max_tol_ratio"] <= 1.0 and set(stats["max_abs_err"]) == {"float16", "bfloat16"}

@@ -1,9 +1,9 @@
 """Fault injection: the real app (Textual pilot) on a real engine process that is killed at random
-points in 20 turns. Afterwards every prompt and every streamed text is in the history database,
+points in 12 turns. Afterwards every prompt and every streamed text is in the history database,
 and after each death the app said so in one notice and came back through ctrl+e.
 
 The engine runs a tiny random LLaMA folder (conftest.py's `tiny_model`) so a restart takes
-seconds. Six of the 20 turns, seeded, lose their engine: during a step-mode pause after k steps,
+seconds. Six of the 12 turns, seeded, lose their engine: during a step-mode pause after k steps,
 at a random moment of a free-running turn (mid-answer or just after it), or while the app is idle.
 """
 
@@ -27,7 +27,7 @@ from tui_helpers import wait_for
 pytestmark = pytest.mark.anyio
 
 SEED = 20240611
-TURNS = 20
+TURNS = 12
 
 
 def kill(app) -> int:
@@ -61,7 +61,7 @@ async def recover(app, pilot, starts: int) -> None:
 async def test_killed_engine_loses_nothing_and_the_app_recovers(fresh_home, tiny_model):
     rng = random.Random(SEED)
     app = SpecTuiApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
-                     overrides={"max_new_tokens": 48, "tree": "2,1"}, step_mode=False)
+                     overrides={"max_new_tokens": 32, "tree": "2,1"}, step_mode=False)
     expected, kills, began = [], 0, time.monotonic()
     async with app.run_test(size=(140, 42)) as pilot:
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 120, "the model to load")
@@ -108,5 +108,5 @@ async def test_killed_engine_loses_nothing_and_the_app_recovers(fresh_home, tiny
     stored = [(m.role, m.content) for m in store.messages(record_id)]
     store.close()
     assert stored == expected  # every prompt and every streamed text, in order, nothing else
-    assert kills == len(kinds) and sum(1 for role, _ in expected if role == "assistant") >= 12
-    assert time.monotonic() - began < 150  # about 60 s on a quiet two-core machine
+    assert kills == len(kinds) and sum(1 for role, _ in expected if role == "assistant") >= 7  # every turn not killed mid-answer
+    assert time.monotonic() - began < 150  # about 45 s on a quiet two-core machine
