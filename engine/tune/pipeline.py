@@ -327,7 +327,7 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
 
     # 3. the verifier's soft targets (teacher.py), then SSMs boosted one after the other
     teacher = None
-    if cfg.soft_weight > 0:
+    if cfg.soft_weight > 0 and cfg.ssms > 0:  # only SSMs learn from them (the feature head has its own targets)
         from .teacher import ensure_teacher
 
         began, bar = time.perf_counter(), Progress(log, "teacher", sum(len(s.ids) for s in train_seqs), "tok")
