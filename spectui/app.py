@@ -101,8 +101,9 @@ class SpecTuiApp(HistoryActions, MessageActions, ModelActions, ReplayActions, Ap
 
     @property
     def engine(self):
-        """The ready EngineWorker, or None (loading, failed, dead, or no model)."""
-        return self.link.worker if self.link.state == "ready" else None
+        """The ready EngineWorker, or None (loading, failed, dead, or no model; or ready in the link's thread
+        while its ModelsLoaded, which sets `info`, is still on its way here after a switch)."""
+        return self.link.worker if self.link.state == "ready" and self.info is not None else None
 
     # ---- start-up
     def get_default_screen(self) -> Screen:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -34,12 +35,14 @@ FOLDER = "feature-head"
 def write_all_features(models, examples, out: Path, log) -> int:
     """OUT/features/part-*.safetensors for the training examples; -> files written now."""
     runner = LeanModel(models.verifier)
-    written = 0
+    written, files, began = 0, -(-len(examples) // FEATURE_CHUNK), time.perf_counter()
     for index in range(0, len(examples), FEATURE_CHUNK):
         path = features_path(out, index // FEATURE_CHUNK)
         if not path.exists():
-            write_features(path, examples[index : index + FEATURE_CHUNK], runner)
+            positions = write_features(path, examples[index : index + FEATURE_CHUNK], runner)
             written += 1
+            log(f"feature head: features file {index // FEATURE_CHUNK + 1}/{files}, {positions} positions "
+                f"({time.perf_counter() - began:.0f} s)")
     log(f"feature head: features of {len(examples)} training sequences in {out / 'features'} ({written} files written now)")
     return written
 
