@@ -1,118 +1,53 @@
-"""SpecTuiApp: the Textual chat on the embedded speculation engine, and its replay mode.
+"""SpecTuiApp: what the chat and the replay share. Each mode is its own controller, a subclass.
 
-The app is the controller. The models and the engine live in a child process
-(engine/worker.py), so drawing never competes with generation for the GIL; EngineLink
-(engine_link.py) owns that process: starting it (LoadingScreen shows its progress), each turn
-(a thread worker posting one StepArrived per verifier step and a TurnFinished at the end), and
-its death. Esc stops the turn within one verifier step; in step mode the engine waits for f6
-after each step. When the engine process dies, mid-answer or idle, what was streamed is saved,
-one notice says what happened and ctrl+e (or ctrl+p → Restart engine) starts a new one. Replay
-(`SpecTuiApp(replay=...)`) loads no model: a ReplayCursor posts the recorded StepEvents through
-the same StepArrived path (replay_actions.py). History lives in
-SQLite (store.py): the user message is saved when sent, the (possibly partial) answer with its
-token origins when the turn ends; conversation commands are in history_actions.py, a focused
-message's (copy, edit & resend, regenerate, continue) in message_actions.py, switching the model
-(ctrl+o) in model_actions.py.
+`ChatApp` (chat_app.py) is `spectui chat`: the engine process, the turns, the history.
+`ReplayApp` (replay_app.py) is `spectui replay`: a recorded trace played through the same screen,
+no model loaded. Textual looks a key's action and a message's handler up on the app class, so
+each controller holds the keys and messages of its own mode, and a key one mode has no use for
+finds no action in it. This class holds what both do alike: the config and the themes, the view
+toggles (step mode, token origins), help, copying a message, a code block or the last answer
+(message_actions.py) and the command palette's shared entries. A mode says how it opens
+(`open`), what f6 does (`action_next_step`) and whether a setting chosen in the app is saved for
+the next start (`keep`: the chat saves it, a replay keeps it for its session).
+
+Textual calls a message handler (`on_*`) of every class in the MRO, so a handler defined here
+is never defined again in a subclass; the subclasses override plain methods.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Iterable
 
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from . import paths
-from .config import GENERATION, Config, ConfigError, load_config, save_config
-from .documents import DocumentError, expand_file_commands
-from .engine import GenerationSettings, prepare_engine_process
-from .engine_link import EngineLink
-from .history_actions import HistoryActions
-from .message_actions import MessageActions
-from .model_actions import ModelActions
-from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
-from .replay import ReplayCursor
-from .replay_actions import ReplayActions
-from .screens.chat import ChatScreen, ReplayScreen
+from .config import Config, load_config
+from .message_actions import CopyActions
+from .screens.chat import ChatScreen
 from .screens.dialogs import HelpScreen
-from .screens.loading import LoadingScreen
-from .screens.settings import SettingsScreen
-from .store import ConversationRecord, Store
 from .themes import STYLESHEET, THEMES
 from .widgets.prompt import recognise_escape_enter
 
 
-@dataclass
-class Turn:
-    """The answer being generated: where it is saved, and which speculators drafted it."""
-
-    record_id: int
-    speculators: list[str]
-    extends: int | None = None  # the saved answer this turn continues (its message id)
-    first_piece: int = 0  # where this turn's (piece, origin) entries start in the answer block
-
-
-class SpecTuiApp(HistoryActions, MessageActions, ModelActions, ReplayActions, App):
+class SpecTuiApp(CopyActions, App):
     TITLE = "spectui"
     CSS_PATH = STYLESHEET
 
-    def __init__(
-        self,
-        model: str | None = None,  # None: the config's (the model last picked with ctrl+o; smollm2-135m)
-        ssms: Iterable[str] = (),
-        quant: str = "nf4",
-        device: str = "auto",
-        overrides: dict | None = None,
-        seed: int | None = None,
-        system: str | None = None,
-        trace: Path | None = None,
-        step_mode: bool | None = None,
-        replay: list | None = None,
-        replay_name: str = "",
-        autoplay: bool = True,
-        autoload: bool = True,
-        engine_threads: int | None = None,  # torch threads of the engine process (None: every core)
-    ) -> None:
+    def __init__(self, overrides: dict | None = None, step_mode: bool | None = None) -> None:
         super().__init__()
-        self.ssm_specs, self.quant, self.device_spec = tuple(ssms), quant, device
-        self.seed, self.system_override, self.trace = seed, system, trace
-        self.config: Config = load_config(paths.config_file())  # this session's; the file changes only in remember()
+        self.config: Config = load_config(paths.config_file())  # this session's; the file changes only in keep()
         for name, value in (overrides or {}).items():  # command-line flags: this session only
             setattr(self.config, name, value)
         if step_mode is not None:
             self.config.step_mode = step_mode
-        self.info = None  # ModelInfo of the loaded models
-        self.model_spec, self.speculators = (model, "default") if model else (self.config.model, self.config.speculators)
-        self.link = EngineLink(self, self.model_spec, self.ssm_specs, quant, device, trace, engine_threads, self.speculators)
-        self.load_error: str | None = None
-        self.generating = False
-        self.store: Store | None = None
-        self.record: ConversationRecord | None = None
-        self.replay_cursor = ReplayCursor(replay, playing=autoplay) if replay is not None else None
-        self.replay_name = replay_name
-        self.autoload = autoload  # False: no model (tests feed StepEvents themselves)
-        if replay is None:
-            prepare_engine_process()
         recognise_escape_enter()  # alt+enter as tmux sends it: a new line, not a send
-        self.turn: Turn | None = None  # the answer being generated
-
-    @property
-    def engine(self):
-        """The ready EngineWorker, or None (loading, failed, dead, or no model; or ready in the link's thread
-        while its ModelsLoaded, which sets `info`, is still on its way here after a switch)."""
-        return self.link.worker if self.link.state == "ready" and self.info is not None else None
-
-    # ---- start-up
-    def get_default_screen(self) -> Screen:
-        return ReplayScreen() if self.replay_cursor else ChatScreen()
 
     @property
     def chat(self) -> ChatScreen:
         return self.screen_stack[0]
 
+    # ---- start-up
     def on_mount(self) -> None:
         for theme in THEMES:
             self.register_theme(theme)
@@ -121,203 +56,19 @@ class SpecTuiApp(HistoryActions, MessageActions, ModelActions, ReplayActions, Ap
         self.theme_changed_signal.subscribe(self, self.on_theme_changed)
 
     async def on_ready(self) -> None:
-        chat = self.chat
-        chat.set_step_mode(self.config.step_mode or self.replay_cursor is not None)
-        chat.set_colour_origins(self.config.colour_origins)
+        self.chat.set_colour_origins(self.config.colour_origins)
         if self.config.notice:
             self.notify(self.config.notice, severity="warning", timeout=10)
-        if self.replay_cursor:
-            info = self.replay_cursor.turns[0][0]
-            status = chat.status
-            status.model, status.ssms = info.model, ", ".join(info.ssms) or "-"
-            status.device, status.memory = f"{info.device} ({info.quant})", f"replay of {self.replay_name}"
-            chat.set_replay_bar(self.replay_cursor.describe())
-            if self.replay_cursor.playing:
-                self.set_timer(0.05, self.replay_tick)
-            return
-        self.store = Store(paths.history_db())
-        if self.store.notice:
-            self.notify(self.store.notice, severity="warning", timeout=15)
-            chat.set_notice(self.store.notice, error=True)
-        self.record = self.store.last()
-        if self.record is not None:
-            await self.open_conversation(self.record.id)
-        self.refresh_prompt_history()
-        chat.status.model = self.model_spec
-        if not self.autoload:
-            return
-        self.set_interval(1.0, self.link.check)  # an engine that dies between turns is noticed
-        self.start_engine()
+        await self.open()
 
-    def start_engine(self) -> bool:
-        """Start the engine process unless one is starting or running (Retry, Restart, start-up)."""
-        if self.replay_cursor or not self.link.start():
-            return False
-        self.load_error = None
-        self.chat.status.state = "loading…"
-        self.push_screen(LoadingScreen(f"Loading {self.model_spec} ({self.quant})"))
-        return True
+    async def open(self) -> None:
+        """The mode's start: step mode, the status line, and what it shows first."""
+        raise NotImplementedError
 
-    def on_load_progress(self, message: LoadProgress) -> None:
-        if isinstance(self.screen, LoadingScreen):
-            self.screen.progress(message.stage, message.fraction)
-
-    def on_models_loaded(self, message: ModelsLoaded) -> None:
-        self.info = message.info
-        if isinstance(self.screen, LoadingScreen):
-            self.pop_screen()
-        status = self.chat.status
-        status.model = f"{self.info.model} ({self.info.quant})"
-        self.show_speculators()
-        status.device = f"{self.info.device}, attention {self.info.attention_backend}"
-        status.engine_pid = self.info.pid
-        status.state = "ready"
-        self.chat.set_notice(None)
-        self.keep_model_choice()
-
-    def on_load_failed(self, message: LoadFailed) -> None:
-        self.load_error = message.reason
-        if isinstance(self.screen, LoadingScreen):
-            self.pop_screen()
-        self.chat.status.state = "no model"
-        self.chat.set_notice(f"Loading failed: {message.reason}. History stays available; ctrl+e retries, ctrl+o picks another model.", error=True)
-        self.notify(message.reason, title="Loading failed", severity="error", timeout=15)
-
-    def on_engine_lost(self, message: EngineLost) -> None:
-        self.engine_gone(message.reason, "")
-
-    def action_skip_loading(self) -> None:
-        if isinstance(self.screen, LoadingScreen):
-            self.pop_screen()
-
-    def action_restart_engine(self) -> None:
-        if self.start_engine():
-            self.chat.set_notice(None)
-        elif self.link.state in ("starting", "ready") and not self.replay_cursor:
-            self.notify("the engine is " + ("already starting" if self.link.state == "starting" else "running"))
-
-    action_retry_loading = action_restart_engine
-
-    def engine_gone(self, reason: str, saved: str) -> None:
-        """The one notice for an engine process that went away."""
-        self.chat.status.state = "engine stopped"
-        self.chat.set_notice(f"{reason[0].upper()}{reason[1:]}.{saved} ctrl+e restarts the engine.", error=True)
-        self.notify("ctrl+e restarts it", title="The engine process stopped", severity="error", timeout=15)
-
-    # ---- a turn
-    async def on_prompt_input_submitted(self, message) -> None:
-        try:
-            text = expand_file_commands(message.text)  # each line `/file PATH` becomes that file's text
-        except DocumentError as exc:
-            self.chat.set_notice(str(exc), error=True)  # the prompt box keeps what was typed
-            return
-        await self.send(text)
-
-    async def send(self, text: str) -> None:
-        settings = self.turn_settings()
-        if settings is None:
-            return  # the message box keeps the text
-        if self.edit_target is not None:
-            await self.fork_for_edit()  # an edited earlier message goes to a copy of its chat
-        await self.answer(text, settings)
-
-    def turn_settings(self) -> GenerationSettings | None:
-        """The settings of a turn the engine can take now; else None, and one notice says why not."""
-        if self.generating:
-            self.notify("still answering — Esc stops", severity="warning")
-            return None
-        if self.engine is None:
-            reason = {"failed": f"loading failed: {self.load_error}", "dead": "the engine process stopped (ctrl+e restarts it)",
-                      "starting": "the model is still loading"}.get(self.link.state, "no model")
-            self.notify(f"cannot answer yet: {reason}", severity="error")
-            return None
-        try:
-            return replace(self.config.settings(self.seed), detail=True)  # the app shows the tree
-        except ValueError as exc:
-            self.notify(str(exc), severity="error")
-            return None
-
-    async def answer(self, text: str | None, settings: GenerationSettings, extends: int | None = None) -> None:
-        """A turn: the answer to a new message `text`, or (None) the saved answer `extends` going on."""
-        speculators = list(self.info.speculators) if settings.speculate else []
-        history = await self.begin_answer(text, speculators, settings.greedy, self.info.quant, extends)
-        self.link.begin_turn(self.record, history, text, settings, speculators)
-
-    async def begin_answer(self, text: str | None, speculators: list[str], greedy: bool, quant: str,
-                           extends: int | None = None) -> list:
-        """Save the user's message and open the answer it gets (or reopen the answer that goes on);
-        -> the conversation the engine answers."""
-        if self.record is None:
-            self.record = self.store.create(system=self.system_override)
-        if text is not None and self.record.title == "New chat":
-            self.record.title = self.sub_title = text.splitlines()[0][:48]
-            self.store.rename(self.record.id, self.record.title)
-        history = self.store.messages(self.record.id)
-        if text is not None:
-            self.store.add_message(self.record.id, "user", text)
-            self.chat.query_one("#prompt").clear()
-            self.refresh_prompt_history()
-        await self.chat.begin_turn(text, speculators, greedy, quant, time.time())
-        self.turn = Turn(self.record.id, speculators, extends, len(self.chat.answer.pieces))
-        self.chat.set_notice(None)
-        self.generating = True
-        self.chat.status.state = "answering… (Esc stops)"
-        return history
-
-    async def on_step_arrived(self, message: StepArrived) -> None:
-        chat = self.chat
-        chat.add_step(message.event)
-        if self.config.step_mode or self.replay_cursor:
-            await chat.flush()
-        if message.event.finished and self.replay_cursor:  # a live turn ends with its TurnFinished
-            await chat.end_turn(message.event.stop_reason)
-
-    async def on_turn_finished(self, message: TurnFinished) -> None:
-        """The turn ended however it ended: save what streamed, with its token origins, then say why."""
-        chat, turn = self.chat, self.turn
-        pieces = list(chat.answer.pieces)[turn.first_piece:] if chat.answer is not None and turn else []
-        await chat.end_turn(message.stop_reason or ("failed" if message.error else None))
-        self.generating, self.turn = False, None
-        if message.reply and self.store and turn:
-            if "".join(piece for piece, _ in pieces) != message.reply:
-                pieces = []  # the origins must describe exactly the saved text, or none is kept
-            if turn.extends is not None:
-                self.store.extend_message(turn.extends, message.reply, pieces)
-            else:
-                self.store.add_message(turn.record_id, "assistant", message.reply, pieces, turn.speculators)
-        if message.engine_died:
-            self.engine_gone(message.error, " What it streamed is saved." if message.reply else "")
-        elif message.error:
-            chat.set_notice(f"Generation failed: {message.error}. The conversation is kept.", error=True)
-            self.notify(message.error, title="Generation failed", severity="error", timeout=15)
-        if not message.engine_died:
-            chat.status.state = "stopped" if message.stop_reason == "stopped" else "ready"
-        await self.run_pending()
-
-    def action_stop(self) -> None:
-        if self.replay_cursor:
-            self.replay_cursor.playing = False
-            self.chat.set_replay_bar(self.replay_cursor.describe())
-        elif self.generating and self.engine is not None:
-            self.link.stop()
-            self.chat.status.state = "stopping…"
-        elif self.cancel_edit():
-            self.notify("edit cancelled: a message sent now starts no copy")
-        elif self.focused_message() is not None:
-            self.chat.query_one("#prompt").focus()  # from a selected message back to the message box
-
-    def action_next_step(self) -> None:
-        if self.replay_cursor:
-            self.replay_cursor.playing = False
-            self.call_later(self.replay_tick, False)
-        else:
-            self.link.advance()
-
-    # ---- view toggles, settings, themes
+    # ---- view toggles, help, themes
     def action_toggle_step_mode(self) -> None:
         self.remember(step_mode=not self.config.step_mode)
         self.chat.set_step_mode(self.config.step_mode)
-        self.link.set_step_mode(self.config.step_mode)
         self.notify(f"step mode {'on: f6 advances one verifier step' if self.config.step_mode else 'off'}")
 
     def action_toggle_origins(self) -> None:
@@ -327,31 +78,6 @@ class SpecTuiApp(HistoryActions, MessageActions, ModelActions, ReplayActions, Ap
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
-    def action_settings(self) -> None:
-        if self.replay_cursor:
-            return
-        system = self.record.system if self.record else self.system_override
-        self.push_screen(SettingsScreen(self.config, system), self.on_settings_saved)
-
-    def on_settings_saved(self, result) -> None:
-        if not result:
-            return
-        config, system = result  # only the values changed in the screen are saved, not the session's flags
-        saved = self.remember(**{name: getattr(config, name) for name in GENERATION if getattr(config, name) != getattr(self.config, name)})
-        if self.record is None:
-            self.record = self.store.create(system=system)
-        else:
-            self.store.set_system(self.record.id, system)
-            self.record.system = system
-        self.show_speculators()
-        if saved:
-            self.notify("settings saved")
-
-    def show_speculators(self) -> None:
-        """The status line's SSMs: the loaded speculators, or off when speculation is off."""
-        if self.info is not None:
-            self.chat.status.ssms = (", ".join(self.info.speculators) or "-") if self.config.speculate else "off"
-
     def on_theme_changed(self, theme) -> None:
         if theme.name == self.config.theme:  # also signalled for the theme set at start
             return
@@ -359,16 +85,14 @@ class SpecTuiApp(HistoryActions, MessageActions, ModelActions, ReplayActions, Ap
         self.chat.set_colour_origins(self.config.colour_origins)  # the legend's and the tokens' colours
 
     def remember(self, **changes) -> bool:
-        """Settings the user chose in the app: this session, and these keys in the config file."""
+        """Settings the user chose in the app: this session's, and those the mode keeps (`keep`)."""
         for name, value in changes.items():
             setattr(self.config, name, value)
-        if self.replay_cursor or not changes:
-            return True
-        try:
-            save_config(paths.config_file(), changes)
-        except ConfigError as exc:
-            self.notify(str(exc), title="Settings not saved", severity="error", timeout=15)
-            return False
+        return self.keep(changes) if changes else True
+
+    def keep(self, changes: dict) -> bool:
+        """Save these settings for the next start; False (said why) when they could not be.
+        Here: nothing is saved (a replay changes only its own session); the chat saves them."""
         return True
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -378,22 +102,7 @@ class SpecTuiApp(HistoryActions, MessageActions, ModelActions, ReplayActions, Ap
         yield SystemCommand("Next step", "Advance one verifier step (step mode, replay)", self.action_next_step)
         yield SystemCommand("Token origins", "Colour tokens by SSM 1 / SSM 2 / n-gram / bonus (toggle)", self.action_toggle_origins)
         yield SystemCommand("Side panel", "Show or hide the token tree and acceptance (ctrl+t)", self.chat.action_toggle_panel)
-        if self.replay_cursor:
-            yield SystemCommand("Play / pause", "Replay: play or pause", self.action_replay_toggle)
-            return
-        yield SystemCommand("New conversation", "Start a new chat", self.action_new_conversation)
-        yield SystemCommand("Conversations", "List, switch, rename, delete chats", self.action_conversations)
-        yield SystemCommand("Settings", "System prompt, temperature, top-p, tree, SSMs, max tokens", self.action_settings)
-        yield SystemCommand("Model", "Switch the model and its SSMs; the conversation stays (ctrl+o)", self.action_pick_model)
-        yield SystemCommand("Search earlier prompts", "Find a prompt you sent and edit or send it again (ctrl+r)",
-                            self.action_search_prompts)
-        yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard", self.action_copy_answer)
-        yield SystemCommand("Export to Markdown", "Write this conversation to a Markdown file", self.action_export)
-        yield SystemCommand("Stop", "Stop generating", self.action_stop)
-        if self.link.state in ("off", "failed", "dead"):
-            yield SystemCommand("Restart engine", "Start the engine process again (ctrl+e)", self.action_restart_engine)
 
-    def on_unmount(self) -> None:
-        self.link.close()
-        if self.store is not None:
-            self.store.close()
+    def action_next_step(self) -> None:
+        """f6: the next verifier step (the chat's engine, or the replay's next recorded step)."""
+        raise NotImplementedError

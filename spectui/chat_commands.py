@@ -35,7 +35,7 @@ def chat(
     step: bool = typer.Option(False, "--step", help="start in step mode (pause after every verifier step)"),
 ) -> None:
     """Open the chat: the answer streams beside the live token tree and acceptance."""
-    from .app import SpecTuiApp
+    from .chat_app import ChatApp
 
     with friendly_errors():
         system = text_arg(system)
@@ -58,7 +58,7 @@ def chat(
                 trace.open("w", encoding="utf-8").close()
             except OSError as exc:
                 raise UsageFailure(f"--trace {trace}: {exc.strerror or exc}") from None
-        app_ = SpecTuiApp(model, ssm or (), quant, device, overrides, seed, system, trace, step or None)
+        app_ = ChatApp(model, ssm or (), quant, device, overrides, seed, system, trace, step or None)
     app_.run()
 
 
@@ -68,15 +68,14 @@ def replay(
     paused: bool = typer.Option(False, "--paused", help="start paused; n steps, space plays"),
 ) -> None:
     """Replay a recorded trace in the chat screen, without loading a model."""
-    from .app import SpecTuiApp
     from .replay import read_turns
+    from .replay_app import ReplayApp
 
     with friendly_errors():
         if not (math.isfinite(speed) and speed > 0):  # NaN passes `speed <= 0`
             raise UsageFailure(f"--speed {speed}: must be a finite number > 0")
         turns = read_turns(trace)  # the whole trace checked: TraceError (exit 2) before the screen opens
-        app_ = SpecTuiApp(replay=turns, replay_name=trace.name, autoplay=not paused)
-        app_.replay_cursor.speed = speed
+        app_ = ReplayApp(turns, replay_name=trace.name, autoplay=not paused, speed=speed)
     app_.run()
 
 

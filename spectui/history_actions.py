@@ -1,7 +1,7 @@
-"""HistoryActions: the app's conversation commands (open, new, rename, delete, copy, export) and
+"""HistoryActions: the chat's conversation commands (open, new, rename, delete, export) and
 the prompt history (Up/Down in the message box, ctrl+r to search it).
 
-A mixin of SpecTuiApp (app.py), which holds `store`, `record`, `chat` and `generating`. What a
+A mixin of ChatApp (chat_app.py), which holds `store`, `record`, `chat` and `generating`. What a
 conversation command does to a streaming answer: it stops the answer, which is saved as far as
 it streamed when its turn ends (`TurnFinished`), and then acts (`after_turn`); so ctrl+n, F2
 → open and deleting the open conversation work while an answer streams and lose nothing. A
@@ -24,11 +24,11 @@ class HistoryActions:
     # ---- prompt history
     def refresh_prompt_history(self) -> None:
         """The message box's Up/Down history: every prompt sent, in any conversation (the store's)."""
-        if self.store is not None and not self.replay_cursor:
+        if self.store is not None:
             self.chat.query_one("#prompt").sent = self.store.user_prompts()
 
     def action_search_prompts(self) -> None:
-        if self.store is None or self.replay_cursor:
+        if self.store is None:
             return
         box = self.chat.query_one("#prompt")
         self.push_screen(PromptSearchScreen(box.sent), lambda text: text and box.show(text))  # refreshed on every send
@@ -118,15 +118,7 @@ class HistoryActions:
         self.notify("conversation deleted")
         self.action_conversations()
 
-    # ---- clipboard and export
-    def action_copy_answer(self) -> None:
-        answer = self.chat.last_answer()
-        if not answer:
-            self.notify("no answer to copy yet", severity="warning")
-            return
-        self.copy_to_clipboard(answer)
-        self.notify("last answer copied to the clipboard")
-
+    # ---- export
     def action_export(self) -> None:
         if self.store is None or self.record is None:
             self.notify("nothing to export yet", severity="warning")

@@ -1,7 +1,9 @@
-"""MessageActions: what the keys of a focused message do (widgets/conversation.py binds them).
+"""What the keys of a focused message do (widgets/conversation.py binds them).
 
-A mixin of SpecTuiApp (app.py). alt+up / alt+down move the focus between messages (screens/chat.py).
-Nothing here changes or deletes a saved message's text, so nothing a user typed or saved is lost:
+CopyActions, a mixin of SpecTuiApp (app.py), copies in the chat and in a replay (and f9 copies the
+last answer); MessageActions, a mixin of ChatApp (chat_app.py), edits, regenerates and continues.
+alt+up / alt+down move the focus between messages (screens/chat.py). Nothing here changes or
+deletes a saved message's text, so nothing a user typed or saved is lost:
 
   c  copy the message                      b  copy its code blocks, one per press, in turn
   e  edit and resend (a message you sent): its text goes to the message box; sending it forks
@@ -14,7 +16,7 @@ Nothing here changes or deletes a saved message's text, so nothing a user typed 
      answer open (no end of turn) and goes on; the saved answer is extended in place.
 
 A fork is made only once the engine can take the turn (`turn_settings`), so a refused key leaves
-no stray copy behind. A replay can be browsed and copied, not changed.
+no stray copy behind. A replay can be browsed and copied, not changed (ReplayApp says so).
 """
 
 from __future__ import annotations
@@ -33,9 +35,7 @@ def fork_title(title: str, why: str) -> str:
     return f"{FORK_SUFFIX.sub('', title)} · {why}"
 
 
-class MessageActions:
-    edit_target: tuple[int, int, str] | None = None  # (conversation id, messages kept, its text) while an edit waits
-
+class CopyActions:
     def focused_message(self, kind=(UserBlock, AnswerBlock)):
         return self.focused if isinstance(self.focused, kind) else None
 
@@ -59,16 +59,25 @@ class MessageActions:
         self.copy_to_clipboard(found[index])
         self.notify(f"code block {index + 1} of {len(found)} copied" if len(found) > 1 else "code block copied")
 
+    def action_copy_answer(self) -> None:
+        answer = self.chat.last_answer()
+        if not answer:
+            self.notify("no answer to copy yet", severity="warning")
+            return
+        self.copy_to_clipboard(answer)
+        self.notify("last answer copied to the clipboard")
+
+
+class MessageActions:
+    edit_target: tuple[int, int, str] | None = None  # (conversation id, messages kept, its text) while an edit waits
+
     # ---- checks
     def is_last(self, block) -> bool:
         blocks = self.chat.query_one(ConversationView).blocks
         return bool(blocks) and blocks[-1] is block
 
     def busy(self, doing: str) -> bool:
-        """True (and says why) when `doing` cannot start: a replay, an answer streaming, no chat open."""
-        if self.replay_cursor is not None:
-            self.notify("a replay cannot be changed (c copies a message)", severity="warning")
-            return True
+        """True (and says why) when `doing` cannot start: an answer streaming, or no chat open."""
         if self.generating:
             self.notify(f"still answering: Esc stops it, then {doing}", severity="warning")
             return True

@@ -4,9 +4,9 @@ The same prompts are answered (greedy, same max new tokens) headless and through
 prompt and round back to back, the order alternating, so background load and warm-up fall on
 both sides alike. Headless runs three ways, StepEvents simply consumed: the engine in this process
 at torch's default thread count and at the app's engine thread count (every core unless --engine-threads),
-and an engine process of its own exactly like the app's; the fastest total is the baseline. The app is `SpecTuiApp` as `spectui chat`
+and an engine process of its own exactly like the app's; the fastest total is the baseline. The app is `ChatApp` as `spectui chat`
 runs it (headless Textual: everything is laid out and rendered, only the terminal write is
-missing), its engine in its own process, turns sent through `SpecTuiApp.send` exactly as a
+missing), its engine in its own process, turns sent through `ChatApp.send` exactly as a
 typed message is. Throughput is the engine's own measure, committed tokens over generation
 time, summed over prompts and rounds. The app should keep at least 95 % of headless tokens/s.
 """
@@ -59,7 +59,7 @@ async def run_session(models, engine, spec: dict, prompts: list[str], settings: 
     """One app session; per prompt and round, a headless answer and an app answer, order alternating.
 
     Headless answers run in a thread while the app sits idle (its history goes to a throwaway
-    SPECTUI_HOME that shares the model cache); app answers go through `SpecTuiApp.send`, exactly
+    SPECTUI_HOME that shares the model cache); app answers go through `ChatApp.send`, exactly
     as a typed message does.
     """
     from . import paths
@@ -83,7 +83,7 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
     import torch
 
     from . import paths
-    from .app import SpecTuiApp
+    from .chat_app import ChatApp
     from .widgets.token_tree import TokenTreeView
 
     thread_counts = sorted({torch.get_num_threads(), engine_threads(spec.get("engine_threads"))})
@@ -103,7 +103,7 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
 
     overrides = {"max_new_tokens": settings.max_new_tokens, "tree": tree_text(settings.tree_shape),
                  "temperature": 0.0, "speculate": settings.speculate}
-    app = SpecTuiApp(overrides=overrides, **spec)  # loads its own engine process, as `spectui chat` does
+    app = ChatApp(overrides=overrides, **spec)  # loads its own engine process, as `spectui chat` does
     labels = {n: f"in this process, {n} thread{'s' if n > 1 else ''}" for n in thread_counts}
     headless = {label: [Throughput() for _ in range(rounds)] for label in [*labels.values(), "engine process"]}
     in_app = [Throughput() for _ in range(rounds)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from spectui import paths
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.engine import read_trace
 from spectui.engine.worker import ModelInfo
 from spectui.messages import ModelsLoaded, StepArrived, TurnFinished
@@ -37,7 +37,7 @@ def piece_colours(text) -> list[tuple[str, str]]:
 
 async def test_origins_are_saved_and_a_reopened_chat_colours_them(fresh_home):
     info, events = read_trace(TRACE)
-    app = SpecTuiApp(model=info.model, autoload=False)
+    app = ChatApp(model=info.model, autoload=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await app.begin_answer(info.prompt, info.ssms, True, info.quant)  # as send() does, before the engine's turn
@@ -54,7 +54,7 @@ async def test_origins_are_saved_and_a_reopened_chat_colours_them(fresh_home):
     assert "".join(piece for piece, _ in answer.origins) == reply and answer.speculators == ["ngram"]
     assert {origin for _, origin in answer.origins} == {"ngram", "verifier"}
 
-    again = SpecTuiApp(autoload=False, overrides={"colour_origins": True})  # reopened, colours on (F4 saved)
+    again = ChatApp(autoload=False, overrides={"colour_origins": True})  # reopened, colours on (F4 saved)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause(0.3)
         [block] = again.chat.query(AnswerBlock)
@@ -74,7 +74,7 @@ async def test_two_ssms_keep_their_numbers_when_the_chat_reopens(fresh_home):
     pieces = [("Hello", "boost-2"), (" there", "boost-1+ngram"), ("!", "verifier")]
     store.add_message(record.id, "assistant", "Hello there!", pieces, ["boost-1", "boost-2", "ngram"])
     store.close()
-    app = SpecTuiApp(autoload=False, overrides={"colour_origins": True})
+    app = ChatApp(autoload=False, overrides={"colour_origins": True})
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.3)
         [block] = app.chat.query(AnswerBlock)
@@ -82,7 +82,7 @@ async def test_two_ssms_keep_their_numbers_when_the_chat_reopens(fresh_home):
 
 
 async def test_status_line_says_ssms_off_when_speculation_is_off(fresh_home):
-    app = SpecTuiApp(autoload=False, overrides={"speculate": False})
+    app = ChatApp(autoload=False, overrides={"speculate": False})
     async with app.run_test(size=SIZE) as pilot:
         app.post_message(ModelsLoaded(ModelInfo("smollm2-135m", ["boost-1", "ngram"], "cpu", "nf4", "exact"), None))
         await pilot.pause()
@@ -102,8 +102,8 @@ async def test_file_command_puts_the_document_in_the_message(fresh_home, tiny_mo
     the message sent, shown and saved; the lines around it are sent as typed."""
     document = tmp_path / "report.txt"
     document.write_bytes("Revenue rose 4 % \u2014 a record.\n".encode() + b"\xff end\n")
-    app = SpecTuiApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
-                     overrides={"max_new_tokens": 4, "tree": "2,1"})
+    app = ChatApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
+                  overrides={"max_new_tokens": 4, "tree": "2,1"})
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 120, "the model to load")
         assert app.load_error is None, app.load_error
@@ -139,8 +139,8 @@ def saved(conversation_id: int):
 
 
 async def test_ctrl_n_f2_open_and_delete_act_while_an_answer_streams(fresh_home, tiny_model):
-    app = SpecTuiApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
-                     overrides={"max_new_tokens": 48, "tree": "2,1"}, step_mode=True)
+    app = ChatApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
+                  overrides={"max_new_tokens": 48, "tree": "2,1"}, step_mode=True)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 120, "the model to load")
         assert app.load_error is None, app.load_error

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from spectui import paths
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.config import load_config
 from spectui.screens.dialogs import ConfirmScreen, ConversationsScreen, HelpScreen
 from spectui.screens.settings import SettingsScreen
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_load_failure_is_shown_and_app_keeps_running(fresh_home):
-    app = SpecTuiApp(model=str(fresh_home / "no-such-model"))
+    app = ChatApp(model=str(fresh_home / "no-such-model"))
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.load_error is not None, 60, "the load to fail")
         await pilot.pause(0.2)
@@ -38,7 +38,7 @@ async def test_corrupt_history_is_set_aside(fresh_home):
     db = paths.history_db()
     db.parent.mkdir(parents=True, exist_ok=True)
     db.write_bytes(b"garbage" * 500)
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.2)
         assert "moved to" in str(app.chat.query_one("#notice").render())
@@ -52,7 +52,7 @@ async def test_conversations_switch_rename_delete(fresh_home):
     b = store.create("beta")
     store.add_message(b.id, "user", "second question")
     store.close()
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.2)
         assert app.record.id == b.id  # the last one reopens
@@ -99,7 +99,7 @@ async def test_conversations_switch_rename_delete(fresh_home):
 
 
 async def test_settings_saved_to_config(fresh_home):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f3")
         assert isinstance(app.screen, SettingsScreen)
@@ -128,7 +128,7 @@ async def test_settings_saved_to_config(fresh_home):
     ("merge", "", "✗ Merge is empty: enter union or vote"),
 ])
 async def test_a_bad_settings_field_gets_one_clear_line_next_to_it(fresh_home, field, typed, line):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("f3")
         app.screen.query_one("#system").value = "typed, not lost"
@@ -151,7 +151,7 @@ async def test_a_bad_settings_field_gets_one_clear_line_next_to_it(fresh_home, f
 
 
 async def test_theme_kept_in_config_and_help_lists_keys(fresh_home):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 40)) as pilot:
         assert {"spectui-dark", "spectui-light", "spectui-high-contrast"} <= set(app.available_themes)
         app.theme = "spectui-high-contrast"
@@ -161,7 +161,7 @@ async def test_theme_kept_in_config_and_help_lists_keys(fresh_home):
         help_text = app.screen.query_one("Markdown").source
         assert "ctrl+q" in help_text and "escape" in help_text
     assert load_config(paths.config_file()).theme == "spectui-high-contrast"
-    again = SpecTuiApp(autoload=False)
+    again = ChatApp(autoload=False)
     async with again.run_test() as pilot:
         await pilot.pause()
         assert again.theme == "spectui-high-contrast"
@@ -171,7 +171,7 @@ async def test_escape_enter_from_the_terminal_adds_a_line(fresh_home):
     """What tmux sends for alt+enter (ESC + CR) reaches the message box as alt+enter: a new line."""
     from textual._xterm_parser import XTermParser
 
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test() as pilot:
         keys = [event.key for event in XTermParser().feed("one\x1b\rtwo\nthree")]  # alt+enter, then ctrl+j
         assert keys == ["o", "n", "e", "alt+enter", "t", "w", "o", "ctrl+j", "t", "h", "r", "e", "e"]
@@ -201,7 +201,7 @@ async def test_file_command_with_a_bad_path_says_why_and_keeps_the_message(fresh
     (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
     path = tmp_path / name if name else ""
     typed = f"Read this:\n/file {path}".rstrip() + "\nand summarise it."
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 36)) as pilot:
         prompt = app.chat.query_one("#prompt")
         prompt.insert(typed)
@@ -216,7 +216,7 @@ async def test_file_command_with_a_bad_path_says_why_and_keeps_the_message(fresh
 
 
 async def test_palette_lists_app_commands(fresh_home):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test() as pilot:
         titles = [c.title for c in app.get_system_commands(app.screen)]
         for wanted in ("New conversation", "Conversations", "Settings", "Step mode", "Token origins",
@@ -230,7 +230,7 @@ async def test_copy_and_export(fresh_home):
     store.add_message(record.id, "user", "What is the capital of France?")
     store.add_message(record.id, "assistant", "Paris.")
     store.close()
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test() as pilot:
         await pilot.pause(0.2)
         await pilot.press("f9")
@@ -243,8 +243,8 @@ async def test_copy_and_export(fresh_home):
 def test_engine_threads_reach_the_engine_process_request(fresh_home):
     from spectui.engine.worker import engine_threads
 
-    assert SpecTuiApp(autoload=False, engine_threads=2).link.request.threads == 2
-    default = SpecTuiApp(autoload=False).link.request.threads
+    assert ChatApp(autoload=False, engine_threads=2).link.request.threads == 2
+    default = ChatApp(autoload=False).link.request.threads
     assert default is None and engine_threads(default) == (os.cpu_count() or 1)  # every core: measured best
 
 
@@ -261,7 +261,7 @@ async def test_prompt_history_up_down_and_ctrl_r_search(fresh_home):
     store.add_message(b.id, "user", "Write a haiku\nabout the sea")
     store.add_message(b.id, "user", "Explain photosynthesis")
     store.close()
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause(0.2)
         box = app.chat.query_one("#prompt")

@@ -12,7 +12,7 @@ import tomllib
 import pytest
 
 from spectui import paths
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.screens.settings import SettingsScreen
 from spectui.store import Store
 from spectui.widgets.conversation import UserBlock
@@ -43,7 +43,7 @@ def messages(app) -> str:
 
 async def test_start_with_flags_leaves_the_config_alone(fresh_home):
     path = write_config(USER_CONFIG)
-    app = SpecTuiApp(autoload=False, overrides=FLAGS, step_mode=True)
+    app = ChatApp(autoload=False, overrides=FLAGS, step_mode=True)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.3)
         assert app.theme == "spectui-light"
@@ -53,7 +53,7 @@ async def test_start_with_flags_leaves_the_config_alone(fresh_home):
 
 async def test_settings_save_writes_only_what_changed(fresh_home):
     path = write_config(USER_CONFIG)
-    app = SpecTuiApp(autoload=False, overrides=FLAGS)
+    app = ChatApp(autoload=False, overrides=FLAGS)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f3")
         assert isinstance(app.screen, SettingsScreen)
@@ -72,7 +72,7 @@ async def test_a_broken_config_is_kept_and_explained(fresh_home):
     path = paths.config_file()
     path.parent.mkdir(parents=True)
     path.write_bytes(broken)
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.2)
         assert "not valid TOML" in messages(app) and "using the defaults" in messages(app)
@@ -110,7 +110,7 @@ async def test_a_bad_history_gives_a_notice_and_the_app_works(fresh_home, case, 
     original = corrupt_conversations(db_path) if case == "malformed page" else db_path.read_bytes()
     locked = {"read-only file": db_path, "read-only folder": db_path.parent}.get(case)
     with read_only(locked) if locked else contextlib.nullcontext():
-        app = SpecTuiApp(autoload=False)
+        app = ChatApp(autoload=False)
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.pause(0.2)
             notice = str(app.chat.query_one("#notice").render())
@@ -134,7 +134,7 @@ async def test_what_spectui_creates_is_private(fresh_home):
     record = store.create("France")
     store.add_message(record.id, "assistant", "Paris.")
     store.close()
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.2)
         await pilot.press("f4")  # a choice: writes the config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spectui import paths
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.screens.loading import LoadingScreen
 from spectui.store import Store
 from spectui.widgets.acceptance import AcceptanceChart
@@ -35,7 +35,7 @@ async def ask(app, pilot, text: str) -> None:
 
 @pytest.mark.slow
 async def test_answer_tree_chart_and_history_survive_restart(model_home):
-    app = SpecTuiApp(overrides={"max_new_tokens": 16})
+    app = ChatApp(overrides={"max_new_tokens": 16})
     async with app.run_test(size=SIZE) as pilot:
         await ask(app, pilot, QUESTION)
         await wait_for(pilot, lambda: not app.generating, 300, "the answer")
@@ -56,7 +56,7 @@ async def test_answer_tree_chart_and_history_survive_restart(model_home):
     assert [m.role for m in messages] == ["user", "assistant"]
     assert "".join(piece for piece, _ in messages[1].origins) == answer and messages[1].speculators == speculators
     store.close()
-    again = SpecTuiApp(autoload=False)
+    again = ChatApp(autoload=False)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause(0.3)
         assert again.record.id == conversation_id
@@ -69,7 +69,7 @@ async def test_answer_tree_chart_and_history_survive_restart(model_home):
 
 @pytest.mark.slow
 async def test_escape_stops_and_keeps_partial_answer(model_home):
-    app = SpecTuiApp(overrides={"max_new_tokens": 400})
+    app = ChatApp(overrides={"max_new_tokens": 400})
     async with app.run_test(size=SIZE) as pilot:
         await ask(app, pilot, "Write a long story about a dragon who learns to cook.")
         tree = app.chat.query_one(TokenTreeView)
@@ -90,7 +90,7 @@ async def test_escape_stops_and_keeps_partial_answer(model_home):
 
 @pytest.mark.slow
 async def test_step_mode_waits_for_the_key(model_home):
-    app = SpecTuiApp(overrides={"max_new_tokens": 24}, step_mode=True)
+    app = ChatApp(overrides={"max_new_tokens": 24}, step_mode=True)
     async with app.run_test(size=SIZE) as pilot:
         await ask(app, pilot, QUESTION)
         tree = app.chat.query_one(TokenTreeView)
@@ -111,7 +111,7 @@ async def test_step_mode_waits_for_the_key(model_home):
 @pytest.mark.slow
 async def test_generation_failures_are_shown_and_the_conversation_kept(model_home):
     # max_new_tokens beyond the context window: the engine process fails the turn (ContextError)
-    app = SpecTuiApp(overrides={"max_new_tokens": 10**6})
+    app = ChatApp(overrides={"max_new_tokens": 10**6})
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 300, "the model to load")
         await app.send("Will this work?")
@@ -153,7 +153,7 @@ async def test_generation_failures_are_shown_and_the_conversation_kept(model_hom
 
 @pytest.mark.slow
 async def test_engine_killed_mid_answer_saves_the_partial_answer_and_restarts(model_home):
-    app = SpecTuiApp(overrides={"max_new_tokens": 300})
+    app = ChatApp(overrides={"max_new_tokens": 300})
     async with app.run_test(size=SIZE) as pilot:
         await ask(app, pilot, "Write a long story about a dragon who learns to cook.")
         tree = app.chat.query_one(TokenTreeView)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from spectui import paths
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.screens.loading import LoadingScreen
 from spectui.store import Store
 from spectui.widgets.token_tree import TokenTreeView
@@ -60,8 +60,8 @@ async def recover(app, pilot, starts: int) -> None:
 @pytest.mark.slow
 async def test_killed_engine_loses_nothing_and_the_app_recovers(fresh_home, tiny_model):
     rng = random.Random(SEED)
-    app = SpecTuiApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
-                     overrides={"max_new_tokens": 32, "tree": "2,1"}, step_mode=False)
+    app = ChatApp(model=str(tiny_model), quant="none", device="cpu", seed=1,
+                  overrides={"max_new_tokens": 32, "tree": "2,1"}, step_mode=False)
     expected, kills, began = [], 0, time.monotonic()
     async with app.run_test(size=(140, 42)) as pilot:
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 120, "the model to load")

@@ -12,9 +12,10 @@ import time
 import pytest
 
 from spectui import paths
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.message_actions import fork_title
 from spectui.replay import read_turns
+from spectui.replay_app import ReplayApp
 from spectui.store import Store
 from spectui.widgets.conversation import AnswerBlock, UserBlock, code_blocks, stamp
 
@@ -72,7 +73,7 @@ def said(app) -> str:
 
 async def test_copy_a_message_and_its_code_blocks_with_their_times(fresh_home):
     sent = stored(seed_history(("Print hi, two ways", ANSWER)))[0][0].created
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
         assert not app.chat.query("#welcome")  # the chat has messages
@@ -104,7 +105,7 @@ async def test_copy_a_message_and_its_code_blocks_with_their_times(fresh_home):
 
 
 async def test_an_empty_chat_says_what_the_panel_shows_and_where_help_is(fresh_home):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
         welcome = str(app.chat.query_one("#welcome").render())
@@ -118,7 +119,7 @@ async def test_refused_actions_say_why_and_leave_no_fork_and_no_lost_text(fresh_
     only the last answer can be regenerated or continued; Esc cancels an edit, keeping the text."""
     original = seed_history(("first question", "first answer"), ("second question", "second answer"))
     before, _ = saved(original)
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
         box = app.chat.query_one("#prompt")
@@ -153,7 +154,7 @@ async def test_refused_actions_say_why_and_leave_no_fork_and_no_lost_text(fresh_
 
 
 async def test_a_replay_is_copied_not_changed(fresh_home):
-    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
         assert not app.chat.query("#welcome")  # no message box to ask in
@@ -169,7 +170,7 @@ async def test_a_replay_is_copied_not_changed(fresh_home):
 
 
 async def test_continue_edit_and_regenerate_on_a_real_engine_keep_every_saved_message(fresh_home, tiny_model):
-    app = SpecTuiApp(model=str(tiny_model), quant="none", device="cpu", seed=1, overrides={"max_new_tokens": 6})
+    app = ChatApp(model=str(tiny_model), quant="none", device="cpu", seed=1, overrides={"max_new_tokens": 6})
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 120, "the model to load")
         assert app.load_error is None, app.load_error

@@ -15,7 +15,7 @@ import pytest
 from textual.widgets import Input, OptionList
 
 from spectui import paths
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.config import load_config
 from spectui.screens.models import ModelPickerScreen
 from spectui.store import Store
@@ -75,7 +75,7 @@ async def pick(app, pilot, model, speculators: str | None = None) -> ModelPicker
 
 
 async def test_switch_between_prompts_and_while_an_answer_streams(fresh_home, tiny_model, other_model):
-    app = SpecTuiApp(model=str(tiny_model), overrides={"max_new_tokens": 6, "tree": "2,1"}, **FAST)
+    app = ChatApp(model=str(tiny_model), overrides={"max_new_tokens": 6, "tree": "2,1"}, **FAST)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(app, pilot, tiny_model)
         assert app.info.speculators == ["ngram"]  # a folder's default: the n-gram drafter
@@ -113,7 +113,7 @@ async def test_switch_between_prompts_and_while_an_answer_streams(fresh_home, ti
         app.action_toggle_step_mode()
         await ask(app, pilot, "fourth question")
         assert [role for role, _ in messages(record)] == ["user", "assistant"] * 4
-    again = SpecTuiApp(autoload=False)  # the next start loads the model picked last
+    again = ChatApp(autoload=False)  # the next start loads the model picked last
     assert (again.model_spec, again.speculators) == (str(tiny_model), "ngram")
     assert (again.link.request.model, again.link.request.speculators) == (str(tiny_model), "ngram")
 
@@ -122,7 +122,7 @@ async def test_a_model_that_cannot_load_says_so_in_one_line(fresh_home, tiny_mod
     broken = tmp_path / "not-a-model"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
-    app = SpecTuiApp(model=str(tiny_model), overrides={"max_new_tokens": 4, "tree": "2,1"}, **FAST)
+    app = ChatApp(model=str(tiny_model), overrides={"max_new_tokens": 4, "tree": "2,1"}, **FAST)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(app, pilot, tiny_model)
         pid = app.info.pid
@@ -159,7 +159,7 @@ async def test_every_row_and_button_of_the_picker_is_reachable(fresh_home, tmp_p
     folder = tmp_path / "my-model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    app = SpecTuiApp(model=str(folder), autoload=False)
+    app = ChatApp(model=str(folder), autoload=False)
     async with app.run_test(size=size) as pilot:
         await pilot.press("ctrl+o")
         picker = app.screen

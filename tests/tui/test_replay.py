@@ -8,10 +8,11 @@ import json
 
 from typer.testing import CliRunner
 
-from spectui.app import SpecTuiApp
+from spectui import paths
 from spectui.cli import app as cli
 from spectui.engine.events import TRACE_VERSION, read_trace
 from spectui.replay import read_turns
+from spectui.replay_app import ReplayApp
 from spectui.widgets.acceptance import AcceptanceChart
 from spectui.widgets.token_tree import TokenTreeView
 
@@ -31,13 +32,13 @@ def test_trace_splits_into_turns(tmp_path):
 
 async def test_replay_plays_whole_answer(fresh_home):
     info, events = read_trace(TRACE)
-    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
     async with app.run_test(size=(140, 42)) as pilot:
         await pilot.pause()
         assert app.chat.last_answer() in (None, "")
-        app.replay_cursor.speed = 64
+        app.cursor.speed = 64
         await pilot.press("space")  # play
-        await wait_for(pilot, lambda: app.replay_cursor.done, 30, "the replay to finish")
+        await wait_for(pilot, lambda: app.cursor.done, 30, "the replay to finish")
         await pilot.pause(0.3)
         assert app.chat.last_answer() == "".join(e.new_text for e in events)
         tree = app.chat.query_one(TokenTreeView)
@@ -50,7 +51,7 @@ async def test_replay_plays_whole_answer(fresh_home):
 
 async def test_replay_step_and_browse(fresh_home):
     _, events = read_trace(TRACE)
-    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
     async with app.run_test(size=(140, 42)) as pilot:
         for _ in range(3):
             await pilot.press("n")
@@ -67,6 +68,32 @@ async def test_replay_step_and_browse(fresh_home):
         await pilot.click("#tree-next")
         await pilot.pause()
         assert tree.index == 2
+
+
+async def test_replay_keys_and_the_chat_keys_it_has_no_use_for(fresh_home):
+    """+ and - change the speed, space plays, Esc pauses, n steps; the chat's own keys open
+    nothing in a replay; F4 and F5 change the view of this session only (no config file)."""
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await pilot.pause()
+        bar = app.chat.query_one("#replay-bar")
+        await pilot.press("plus", "plus", "minus")
+        assert app.cursor.speed == 2 and "speed 2x" in str(bar.render())
+        await pilot.press("space")
+        assert app.cursor.playing and "playing" in str(bar.render())
+        await pilot.press("escape")
+        assert not app.cursor.playing and "paused" in str(bar.render())
+        played = app.cursor.step
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert app.cursor.step == played + 1
+        for key in ("f2", "f3", "ctrl+o", "ctrl+n", "ctrl+r", "ctrl+e"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.screen is app.chat and len(app.screen_stack) == 1, key
+        await pilot.press("f4", "f5", "f5")
+        assert app.config.colour_origins and app.chat.query_one("#conversation").colour_origins
+    assert not paths.config_file().exists()
 
 
 def test_malformed_trace_is_one_line_exit_2(tmp_path):

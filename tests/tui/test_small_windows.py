@@ -8,8 +8,9 @@ import pytest
 from textual.color import Color
 from textual.widgets import Button, Input
 
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.replay import read_turns
+from spectui.replay_app import ReplayApp
 from spectui.screens.dialogs import HelpScreen
 from spectui.screens.settings import SettingsScreen
 from spectui.themes import DARK, LIGHT
@@ -23,7 +24,7 @@ SMALL = [(80, 24), (100, 30)]
 
 @pytest.mark.parametrize("size", SMALL)
 async def test_settings_every_control_is_reachable_and_saves(fresh_home, size):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=size) as pilot:
         await pilot.press("f3")
         screen = app.screen
@@ -49,7 +50,7 @@ async def test_settings_every_control_is_reachable_and_saves(fresh_home, size):
 
 @pytest.mark.parametrize("size", SMALL)
 async def test_help_scrolls_to_every_key_and_closes_by_keyboard(fresh_home, size):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=size) as pilot:
         await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen)
@@ -76,7 +77,7 @@ async def test_help_scrolls_to_every_key_and_closes_by_keyboard(fresh_home, size
 
 
 async def test_side_panel_gives_way_below_100_columns(fresh_home):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         chat, right = app.chat, app.chat.query_one("#right")
@@ -106,7 +107,7 @@ async def test_side_panel_gives_way_below_100_columns(fresh_home):
 
 
 async def test_step_mode_shows_the_panel_in_a_small_window(fresh_home):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         right = app.chat.query_one("#right")
@@ -122,7 +123,7 @@ async def test_step_mode_shows_the_panel_in_a_small_window(fresh_home):
 @pytest.mark.parametrize("size", SMALL)
 async def test_step_mode_tree_keeps_its_rows(fresh_home, size):
     """Replay in step mode, four steps in: the tree, the decision and the step label all show."""
-    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
     async with app.run_test(size=size) as pilot:
         for _ in range(4):
             await pilot.press("n")
@@ -135,7 +136,7 @@ async def test_step_mode_tree_keeps_its_rows(fresh_home, size):
 
 
 async def test_origin_legend_is_drawn_in_the_theme_colours(fresh_home):
-    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
     async with app.run_test(size=(140, 42)) as pilot:
         await app.play_to_end()
         await pilot.press("f4")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.engine.events import read_trace
 from spectui.messages import StepArrived
 from spectui.replay import read_turns
+from spectui.replay_app import ReplayApp
 
 from tui_helpers import DATA, TRACE
 
@@ -34,7 +35,7 @@ def test_main_screen(snap_compare, fresh_home, fixed_memory, size):
     """The live chat screen after an answer: StepEvents posted exactly as the generation worker does.
     At 80x24 the side panel gives the chat the whole width."""
     info, events = read_trace(TRACE)
-    app = SpecTuiApp(model=info.model, autoload=False)
+    app = ChatApp(model=info.model, autoload=False)
 
     async def run_before(pilot):
         await pilot.pause()
@@ -53,7 +54,7 @@ def test_main_screen(snap_compare, fresh_home, fixed_memory, size):
 @pytest.mark.parametrize("size", [SIZE, SMALL], ids=["140x42", "80x24"])
 def test_step_mode(snap_compare, fresh_home, size):
     """Replay paused after a few verifier steps: the tree and the decision stay on screen."""
-    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
     assert snap_compare(app, terminal_size=size, press=["n", "n", "n", "n", "_"])
 
 
@@ -65,13 +66,13 @@ def test_step_mode(snap_compare, fresh_home, size):
 def test_step_mode_teaching(snap_compare, fresh_home, trace, steps, size):
     """Step mode's legend, node states and decision: a sampling step whose drafts were all rejected
     (u, min(1, p'/q), the residual) and a greedy step with accepted, rejected and unreached nodes."""
-    app = SpecTuiApp(replay=read_turns(trace), replay_name=trace.name, autoplay=False)
+    app = ReplayApp(read_turns(trace), replay_name=trace.name, autoplay=False)
     assert snap_compare(app, terminal_size=size, press=["n"] * steps + ["_"])
 
 
 @pytest.mark.parametrize("key", ["f1", "f3"], ids=["help", "settings"])
 def test_dialog_in_a_small_window(snap_compare, fresh_home, fixed_memory, key):
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
 
     async def run_before(pilot):
         await pilot.pause()
@@ -85,7 +86,7 @@ def test_dialog_in_a_small_window(snap_compare, fresh_home, fixed_memory, key):
 
 
 def test_replay_finished_with_origin_colours(snap_compare, fresh_home):
-    app = SpecTuiApp(replay=read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
+    app = ReplayApp(read_turns(TRACE), replay_name=TRACE.name, autoplay=False)
 
     async def run_before(pilot):
         await pilot.pause()

@@ -14,9 +14,10 @@ import json
 import pytest
 from textual.widgets import Tree
 
-from spectui.app import SpecTuiApp
+from spectui.chat_app import ChatApp
 from spectui.engine.events import StepEvent, TreeNode, read_trace
 from spectui.replay import read_turns
+from spectui.replay_app import ReplayApp
 from spectui.widgets.step_explain import ACCEPTED, AFTER_END, NOT_REACHED, REJECTED, explain, node_states
 
 from tui_helpers import DATA, TRACE
@@ -89,7 +90,7 @@ def test_an_answer_that_ends_inside_the_branch():
 async def test_sampling_numbers_on_the_tree_and_in_the_decision(fresh_home):
     _, events = read_trace(SAMPLING)
     event = events[RESIDUAL_STEP]
-    app = SpecTuiApp(replay=read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
+    app = ReplayApp(read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
         for _ in range(RESIDUAL_STEP + 1):
             await pilot.press("n")
@@ -113,7 +114,7 @@ async def test_sampling_numbers_on_the_tree_and_in_the_decision(fresh_home):
 
 async def test_browsing_back_the_explanation_follows_the_step_shown(fresh_home):
     _, events = read_trace(SAMPLING)
-    app = SpecTuiApp(replay=read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
+    app = ReplayApp(read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
         for _ in range(RESIDUAL_STEP + 1):
             await pilot.press("n")
@@ -135,7 +136,7 @@ async def test_browsing_back_the_explanation_follows_the_step_shown(fresh_home):
                                                  ((80, 24), "#tree-legend-short", "#tree-legend")])
 async def test_the_legend_shows_in_step_mode_only(fresh_home, size, shown, hidden):
     """F5 in the live chat (no model needed): the legend comes with step mode, one line in a short window."""
-    app = SpecTuiApp(autoload=False)
+    app = ChatApp(autoload=False)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         assert app.chat.query_one(shown).region.height == 0
@@ -157,7 +158,7 @@ async def test_a_sampling_trace_without_the_draws_says_so(fresh_home, tmp_path):
         line.pop("sampling", None)
         line.pop("version", None)
     old.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    app = SpecTuiApp(replay=read_turns(old), replay_name=old.name, autoplay=False)
+    app = ReplayApp(read_turns(old), replay_name=old.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
         for _ in range(RESIDUAL_STEP + 1):
             await pilot.press("n")
@@ -172,7 +173,7 @@ async def test_a_one_token_step_is_not_called_the_prefill(fresh_home):
     """A step that drafted nothing (the engine's timed one-token steps) has no tree: it says so."""
     _, events = read_trace(SAMPLING)
     index = next(i for i, e in enumerate(events) if e.step > 0 and not e.tree)
-    app = SpecTuiApp(replay=read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
+    app = ReplayApp(read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
         for _ in range(index + 1):
             await pilot.press("n")
