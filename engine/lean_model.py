@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.argmax_head import ArgmaxScreen, screen_supported
-from ..kernels.dense_cpu import dense
+from ..kernels.dense_cpu import bf16_dot, dense
 from ..kernels.exact_attention import exact_attention, prepare_mask
 from ..kernels.guarded_head import GuardedHead
 from ..kernels.hf_attention import EXACT_NAME
@@ -82,6 +82,14 @@ def runner_for(model, drafting: bool = False):
     return CachedModel(model)
 
 
+def drafter_kernel(weight: torch.Tensor):
+    """kernels/dense_cpu.py's product for a drafter's weight [N, H] where it serves this CPU and dtype
+    (fp32 on AVX2 without AVX512-BF16, bf16 on AVX512-BF16), else None."""
+    if weight.dtype == torch.float32:
+        return dense(weight)
+    return bf16_dot(weight) if weight.dtype == torch.bfloat16 else None
+
+
 class Projection:
     """x [T, H] -> cat(module_1(x), ..., module_k(x)) [T, N]: one fused 4-bit call where bitsandbytes'
     CPU kernel runs these modules; one matmul over their stacked weights for plain bias-free Linears
@@ -95,14 +103,13 @@ class Projection:
         self.stacked = None
         if self.packed is None and stack_dense and all(type(m) is torch.nn.Linear and m.bias is None for m in modules):
             self.stacked = torch.cat([m.weight for m in self.modules]).detach()  # [N, H]
-        fp32_stack = self.stacked is not None and self.stacked.dtype == torch.float32
-        self.dense = dense(self.stacked) if drafting and fp32_stack else None
+        self.dense = drafter_kernel(self.stacked) if drafting and self.stacked is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return self.packed(x)
         if self.dense is not None:
-            return self.dense(x)
+            return self.dense(x).to(x.dtype)
         if self.stacked is not None:
             return F.linear(x, self.stacked)
         outs = [m(x) for m in self.modules]
@@ -147,8 +154,8 @@ class LeanModel:
         self.head = model.lm_head
         self.exact = config._attn_implementation == EXACT_NAME  # else SDPA, in the model's dtype
         drafting = drafting and not self.exact  # an SSM: drafts need speed, not the verifier's rounding
-        plain_head = drafting and getattr(self.head, "bias", None) is None and self.head.weight.dtype == torch.float32
-        self.dense_head = dense(self.head.weight) if plain_head else None  # an SSM's output layer (dense_cpu.py)
+        plain_head = drafting and getattr(self.head, "bias", None) is None
+        self.dense_head = drafter_kernel(self.head.weight) if plain_head else None  # an SSM's output layer
         self.layers = [Layer(layer, not self.exact, drafting) for layer in model.model.layers]
         self.cache_dtype = torch.float64 if self.exact else model.model.embed_tokens.weight.dtype
         self.heads = config.num_attention_heads

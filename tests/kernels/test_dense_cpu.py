@@ -93,3 +93,70 @@ def test_ssm_and_feature_head_layers_use_it_where_wanted(monkeypatch):
         fast, _ = head(tokens, prev, positions)
         assert torch.allclose(fast, plain, atol=0.02 * plain.abs().max().item())
         assert torch.allclose(head.draft_logits(fast), fast @ head.draft_rows.T, rtol=1e-2, atol=1e-2)
+
+
+DOT = pytest.mark.skipif(not dense_cpu.dot_available(), reason="spectui_dot_bf16 needs AVX512-BF16")
+
+
+@DOT
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 9])
+@pytest.mark.parametrize("N,K", [(64, 32), (30, 40), (7, 600), (8192, 576)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_dot_kernel_sums_exact_bf16_products_in_fp32(M, N, K, threads):
+    """Up to DOT_MAX_ROWS rows the C loop: within gamma_K sum |x_k w_k| of the exact product of the
+    bf16-rounded operands (the bound argmax_head.py relies on); more rows go through torch's bf16
+    product, whose output is rounded to bf16 (2^-8 relative)."""
+    torch.manual_seed(M * 1000 + N + K)
+    weight, bias, x = torch.randn(N, K), torch.randn(N), torch.randn(M, K)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernel = dense_cpu.bf16_dot(weight, bias)
+        got = kernel(x)
+        plain = dense_cpu.bf16_dot(weight)(x.to(torch.bfloat16)[:, None, :])  # bf16 rows, leading dims kept
+    finally:
+        torch.set_num_threads(previous)
+    xb, wb = x.to(torch.bfloat16).double(), weight.to(torch.bfloat16).double()
+    want = xb @ wb.T  # [M, N]
+    size = xb.abs() @ wb.abs().T  # [M, N]: sum |x_k w_k|
+    gamma = K * 2.0**-24 / (1 - K * 2.0**-24)
+    assert got.shape == (M, N) and got.dtype == torch.float32 and plain.shape == (M, 1, N)
+    if M <= dense_cpu.DOT_MAX_ROWS:
+        assert ((plain[:, 0].double() - want).abs() <= gamma * size + 1e-30).all()
+        assert ((got.double() - bias.double() - want).abs() <= gamma * size + 2.0**-23 * got.double().abs()).all()
+    else:
+        assert ((plain[:, 0].double() - want).abs() <= 2.0**-8 * want.abs() + gamma * size + 1e-30).all()
+
+
+@DOT
+def test_the_dot_kernel_serves_bf16_drafters():
+    """On AVX512-BF16 CPUs drafters are bf16 (engine/loading.py drafter_dtype): an SSM's projections and
+    output layer and the feature head's layers take spectui_dot_bf16, and give what torch's bf16 gives."""
+    from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig
+    from spectui.engine.lean_model import LeanModel
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    lean = LeanModel(model, drafting=True)
+    assert isinstance(lean.dense_head, dense_cpu.DotKernel)
+    assert all(isinstance(p.dense, dense_cpu.DotKernel) for layer in lean.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    ids = [5, 9, 2, 7, 11, 3]
+    with torch.inference_mode():
+        got = torch.cat([lean.forward_chain([token]) for token in ids])  # one row a pass: the C loop
+        want = model(torch.tensor([ids])).logits[0].float()
+    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item())
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
+
+    head = FeatureHead(FeatureHeadConfig(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, draft_vocab=32))
+    head = head.to(torch.bfloat16)
+    head.attach(torch.randn(100, 64), torch.randn(100, 64))
+    tokens, prev, positions = torch.tensor([[3]]), torch.randn(1, 1, 64), torch.tensor([[1]])
+    with torch.inference_mode():
+        plain, _ = head(tokens, prev, positions)
+        assert head.use_kernels() and all(isinstance(k, dense_cpu.DotKernel) for k in head.kernels.values())
+        fast, _ = head(tokens, prev, positions)
+        assert fast.dtype == torch.bfloat16
+        assert torch.allclose(fast.float(), plain.float(), atol=0.03 * plain.abs().max().item())
