@@ -40,6 +40,8 @@ DOT_MAX_ROWS = 3
 class DenseKernel:
     """x [..., K] -> x @ W^T + b [..., N] in fp32, W kept in bf16 ([N, K]); a drop-in for F.linear at inference."""
 
+    x_dtype = torch.float32  # what the C function reads x as
+
     def __init__(self, fn, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.fn = fn
         self.weight = weight.detach().to(torch.bfloat16).contiguous()  # [N, K]
@@ -47,31 +49,26 @@ class DenseKernel:
         self.N, self.K = self.weight.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        a = x.reshape(-1, self.K).to(torch.float32).contiguous()  # [M, K]
+        return self.product(x.reshape(-1, self.K).to(self.x_dtype).contiguous()).view(*x.shape[:-1], self.N)
+
+    def product(self, a: torch.Tensor) -> torch.Tensor:
+        """a [M, K] contiguous, x_dtype -> [M, N] fp32 through the C function."""
         out = torch.empty(a.shape[0], self.N, dtype=torch.float32)  # [M, N]
         self.fn(a.shape[0], self.N, self.K, a.data_ptr(), self.K, self.weight.data_ptr(),
                 None if self.bias is None else self.bias.data_ptr(), out.data_ptr(), self.N, torch.get_num_threads())
-        return out.view(*x.shape[:-1], self.N)
+        return out
 
 
-class DotKernel:
+class DotKernel(DenseKernel):
     """x [..., K] -> x @ W^T + b [..., N] fp32 with x rounded to bf16, W kept in bf16 ([N, K]) (AVX512-BF16)."""
 
-    def __init__(self, fn, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.fn = fn
-        self.weight = weight.detach().to(torch.bfloat16).contiguous()  # [N, K]
-        self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()  # [N]
-        self.N, self.K = self.weight.shape
+    x_dtype = torch.bfloat16
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        a = x.reshape(-1, self.K).to(torch.bfloat16).contiguous()  # [M, K]
-        if a.shape[0] > DOT_MAX_ROWS:  # oneDNN (AMX): as cheap for 16 rows as for one, W @ x^T its faster side
-            out = (self.weight @ a.T).T.float()  # [M, N]
-            return (out if self.bias is None else out + self.bias).reshape(*x.shape[:-1], self.N)
-        out = torch.empty(a.shape[0], self.N, dtype=torch.float32)  # [M, N]
-        self.fn(a.shape[0], self.N, self.K, a.data_ptr(), self.K, self.weight.data_ptr(),
-                None if self.bias is None else self.bias.data_ptr(), out.data_ptr(), self.N, torch.get_num_threads())
-        return out.view(*x.shape[:-1], self.N)
+    def product(self, a: torch.Tensor) -> torch.Tensor:
+        if a.shape[0] <= DOT_MAX_ROWS:
+            return super().product(a)
+        out = (self.weight @ a.T).T.float()  # [M, N]: oneDNN (AMX), as cheap for 16 rows as for one; W @ x^T its faster side
+        return (out if self.bias is None else out + self.bias).contiguous()
 
 
 def bf16_dot(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Path | None = None) -> DotKernel | None:
