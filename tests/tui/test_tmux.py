@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,61 +11,36 @@ import pytest
 
 from spectui.store import Store
 
-SPECTUI = Path(sys.executable).with_name("spectui")
-
-
-SOCKET = f"spectui-test-{os.getpid()}"  # a private tmux server: its own size, nobody else's sessions
-
-
-def tmux(*args: str) -> subprocess.CompletedProcess:
-    # env: Python's view of the environment. The process's own can hold LINES=24 and COLUMNS=80 that
-    # readline exported when something imported it; the app would read those over the pane's size.
-    return subprocess.run(["tmux", "-L", SOCKET, "-f", "/dev/null", *args], capture_output=True, text=True,
-                          env=dict(os.environ))
-
-
-def screen(session: str) -> str:
-    return tmux("capture-pane", "-t", session, "-p").stdout
-
-
-def wait_screen(session: str, condition, timeout: float, what: str) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = screen(session)
-        if condition(text):
-            return text
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; screen:\n{screen(session)}")
+from tmux_helpers import SPECTUI, Tmux, needs_tmux
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@needs_tmux
 def test_chat_in_tmux(model_home):
-    session = f"spectui-test-{os.getpid()}"
-    command = f"env SPECTUI_HOME={model_home} {SPECTUI} chat --max-new-tokens 16"
-    assert tmux("new-session", "-d", "-s", session, "-x", "140", "-y", "42", command).returncode == 0
+    term = Tmux("test")
+    term.start(f"env SPECTUI_HOME={model_home} {SPECTUI} chat --max-new-tokens 16", 140, 42)
     try:
-        wait_screen(session, lambda s: "ready" in s, 300, "the model to load")
-        tmux("send-keys", "-t", session, "-l", "What is the capital of France?")
-        tmux("send-keys", "-t", session, "Enter")
-        text = wait_screen(session, lambda s: "Paris" in s and "ready" in s, 300, "the answer")
+        term.wait_screen(lambda s: "ready" in s, 300, "the model to load")
+        term.type("What is the capital of France?")
+        term.keys("Enter")
+        text = term.wait_screen(lambda s: "Paris" in s and "ready" in s, 300, "the answer")
         assert "Paris" in text
         assert "token tree" in text and "step " in text
         assert "tokens/s" in text
-        tmux("send-keys", "-t", session, "C-q")
+        term.keys("C-q")
         deadline = time.monotonic() + 30
-        while tmux("has-session", "-t", session).returncode == 0:
+        while term.alive():
             assert time.monotonic() < deadline, "ctrl+q did not quit"
             time.sleep(0.3)
     finally:
-        tmux("kill-server")
+        term.close()
     store = Store(model_home / "data" / "history.sqlite3")
     messages = store.messages(store.last().id)
     assert [m.role for m in messages] == ["user", "assistant"] and "Paris" in messages[1].content
     store.close()
 
 
-def wait_answers(db_path, known: set[int], count: int, session: str, timeout: float = 300) -> None:
+def wait_answers(db_path, known: set[int], count: int, term: Tmux, timeout: float = 300) -> None:
     """Until the conversations not in `known` hold `count` saved answers (read while the app writes: WAL)."""
     import sqlite3
 
@@ -81,41 +54,41 @@ def wait_answers(db_path, known: set[int], count: int, session: str, timeout: fl
         if sum(1 for (conversation,) in rows if conversation not in known) >= count:
             return
         time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for answer {count}; screen:\n{screen(session)}")
+    raise AssertionError(f"timed out waiting for answer {count}; screen:\n{term.screen()}")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@needs_tmux
 def test_history_survives_kill_9_of_the_whole_app_mid_answer(model_home):
     """Two answered turns, a third killed mid-answer with SIGKILL (app and engine process alike):
     every committed message is intact, the database passes its integrity check and opens again."""
     import signal
     import sqlite3
 
-    session = f"spectui-kill-{os.getpid()}"
+    term = Tmux("kill")
     pid_file = model_home / "app.pid"
     command = f"sh -c 'echo $$ > {pid_file}; exec env SPECTUI_HOME={model_home} {SPECTUI} chat --max-new-tokens 24'"
     before = Store(model_home / "data" / "history.sqlite3")
     known = {c.id for c in before.list()}
     before.close()
-    assert tmux("new-session", "-d", "-s", session, "-x", "140", "-y", "42", command).returncode == 0
+    term.start(command, 140, 42)
     try:
-        wait_screen(session, lambda s: "ready" in s, 300, "the model to load")
-        tmux("send-keys", "-t", session, "C-n")
+        term.wait_screen(lambda s: "ready" in s, 300, "the model to load")
+        term.keys("C-n")
         for answers, question in enumerate(("Name a colour.", "Name a fruit."), 1):
-            tmux("send-keys", "-t", session, "-l", question)
-            tmux("send-keys", "-t", session, "Enter")
-            wait_answers(model_home / "data" / "history.sqlite3", known, answers, session)
-        tmux("send-keys", "-t", session, "C-n")  # the 2 turns are saved; a third starts a long answer
-        tmux("send-keys", "-t", session, "-l", "Write a long story about a lighthouse keeper.")
-        tmux("send-keys", "-t", session, "Enter")
+            term.type(question)
+            term.keys("Enter")
+            wait_answers(model_home / "data" / "history.sqlite3", known, answers, term)
+        term.keys("C-n")  # the 2 turns are saved; a third starts a long answer
+        term.type("Write a long story about a lighthouse keeper.")
+        term.keys("Enter")
         time.sleep(1.5)  # mid-answer: the user message is committed, the answer streams
         app_pid = int(pid_file.read_text())
         children = subprocess.run(["pgrep", "-P", str(app_pid)], capture_output=True, text=True).stdout.split()
         for pid in [app_pid, *map(int, children)]:
             os.kill(pid, signal.SIGKILL)
     finally:
-        tmux("kill-server")
+        term.close()
     db = sqlite3.connect(model_home / "data" / "history.sqlite3")
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     db.close()
@@ -130,56 +103,55 @@ def test_history_survives_kill_9_of_the_whole_app_mid_answer(model_home):
     assert any(c and c[0] == ("user", "Write a long story about a lighthouse keeper.") for c in contents)
 
 
-def start_without_a_model(home: Path, folder: Path, session: str) -> None:
+def start_without_a_model(home: Path, folder: Path, term: Tmux) -> None:
     """`spectui chat` at 80x24 on a folder that fails to load: the app runs, with its message box."""
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    command = f"env SPECTUI_HOME={home} {SPECTUI} chat --model {folder}"
-    assert tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", command).returncode == 0
-    wait_screen(session, lambda s: "Loading failed" in s, 120, "the load to fail")
+    term.start(f"env SPECTUI_HOME={home} {SPECTUI} chat --model {folder}", 80, 24)
+    term.wait_screen(lambda s: "Loading failed" in s, 120, "the load to fail")
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@needs_tmux
 def test_alt_enter_and_ctrl_j_add_a_line_in_tmux(fresh_home, tmp_path):
     """tmux sends alt+enter as ESC + Enter, which Textual reads as Enter: it must add a line, not send.
     No model needed: a folder that fails to load leaves the app running with its message box."""
-    session = f"spectui-keys-{os.getpid()}"
+    term = Tmux("keys")
     try:
-        start_without_a_model(fresh_home, tmp_path / "not-a-model", session)
+        start_without_a_model(fresh_home, tmp_path / "not-a-model", term)
         time.sleep(0.5)
-        tmux("send-keys", "-t", session, "-l", "first line")
-        tmux("send-keys", "-t", session, "M-Enter")  # alt+enter, as tmux passes it on: ESC + CR
-        tmux("send-keys", "-t", session, "-l", "second line")
-        tmux("send-keys", "-t", session, "C-j")
-        tmux("send-keys", "-t", session, "-l", "third line")
-        text = wait_screen(session, lambda s: "third line" in s, 10, "the typed text")
+        term.type("first line")
+        term.keys("M-Enter")  # alt+enter, as tmux passes it on: ESC + CR
+        term.type("second line")
+        term.keys("C-j")
+        term.type("third line")
+        text = term.wait_screen(lambda s: "third line" in s, 10, "the typed text")
         lines = text.splitlines()
         rows = [next(i for i, line in enumerate(lines) if f"│ {word} line" in line) for word in ("first", "second", "third")]
         assert rows[1] == rows[0] + 1 and rows[2] == rows[1] + 1, text  # three lines in the message box
         assert "you" not in text and "cannot answer yet" not in text  # nothing was sent
-        tmux("send-keys", "-t", session, "Enter")  # Enter still sends (refused here: no model), the text stays
-        text = wait_screen(session, lambda s: "cannot answer yet" in s, 10, "the send to be refused")
+        term.keys("Enter")  # Enter still sends (refused here: no model), the text stays
+        text = term.wait_screen(lambda s: "cannot answer yet" in s, 10, "the send to be refused")
         assert "third line" in text
     finally:
-        tmux("kill-server")
+        term.close()
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@needs_tmux
 def test_ctrl_o_opens_the_model_picker_in_tmux(fresh_home, tmp_path):
     """ctrl+o reaches the app through a real terminal at 80x24 and opens the model picker; escape closes it."""
-    session = f"spectui-picker-{os.getpid()}"
+    term = Tmux("picker")
     try:
-        start_without_a_model(fresh_home, tmp_path / "not-a-model", session)
-        tmux("send-keys", "-t", session, "C-o")
-        text = wait_screen(session, lambda s: "Model and speculators" in s, 20, "the model picker")
+        start_without_a_model(fresh_home, tmp_path / "not-a-model", term)
+        term.keys("C-o")
+        text = term.wait_screen(lambda s: "Model and speculators" in s, 20, "the model picker")
         assert "not-a-model" in text and "smollm2-135m" in text  # the session's model, then the presets
-        tmux("send-keys", "-t", session, "Escape")
-        wait_screen(session, lambda s: "Model and speculators" not in s and "Loading failed" in s, 10, "the picker to close")
+        term.keys("Escape")
+        term.wait_screen(lambda s: "Model and speculators" not in s and "Loading failed" in s, 10, "the picker to close")
     finally:
-        tmux("kill-server")
+        term.close()
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@needs_tmux
 @pytest.mark.parametrize("width, height", [(160, 48), (80, 24)])
 def test_step_mode_teaching_in_tmux(fresh_home, width, height):
     """A recorded sampling answer replayed in a real terminal: n steps, F7/F8 browse (the function
@@ -189,14 +161,12 @@ def test_step_mode_teaching_in_tmux(fresh_home, width, height):
 
     trace = Path(__file__).with_name("data") / "sampling.jsonl"
     _, events = read_trace(trace)
-    session = f"spectui-teach-{os.getpid()}-{width}"
-    command = f"env SPECTUI_HOME={fresh_home} {SPECTUI} replay {trace} --paused"
-    assert tmux("new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), command).returncode == 0
+    term = Tmux(f"teach-{width}")
+    term.start(f"env SPECTUI_HOME={fresh_home} {SPECTUI} replay {trace} --paused", width, height)
     try:
-        wait_screen(session, lambda s: "paused" in s, 60, "the replay to open")
-        for _ in range(10):
-            tmux("send-keys", "-t", session, "n")
-        text = wait_screen(session, lambda s: "step 9  (10/10)" in s, 30, "step 9")
+        term.wait_screen(lambda s: "paused" in s, 60, "the replay to open")
+        term.keys(*"n" * 10)
+        text = term.wait_screen(lambda s: "step 9  (10/10)" in s, 30, "step 9")
         first = events[9].sampling.tests[0]  # ' of' after ' Republic': u 0.658 >= 0.000
         assert "✗ ' of'  q 0.37  p 0.00" in text  # on the tree: the numbers before the (cut) names
         assert f"✗ ' of'  {first.draw:.3f} ≥ {first.accept_prob:.3f}" in text
@@ -207,13 +177,14 @@ def test_step_mode_teaching_in_tmux(fresh_home, width, height):
             assert "residual: ' is' 0.747 · ' and' 0.253" in text
         else:
             assert "q drafter · p verifier probability" in text
-        tmux("send-keys", "-t", session, "F7")
-        text = wait_screen(session, lambda s: "step 8  (9/10)" in s, 10, "F7 to show step 8")
+        term.keys("F7")
+        text = term.wait_screen(lambda s: "step 8  (9/10)" in s, 10, "F7 to show step 8")
         test = events[8].sampling.tests[0]
         assert f"at '{events[8].tree[0].text}': u vs min(1, p'/q)" in text and "at ' Republic'" not in text
         assert f"✗ '{events[8].tree[test.node].text}'  {test.draw:.3f} ≥ {test.accept_prob:.3f}" in text
-        tmux("send-keys", "-t", session, "F8")
-        text = wait_screen(session, lambda s: "step 9  (10/10)" in s, 10, "F8 to show step 9 again")
+        term.keys("F8")
+        text = term.wait_screen(lambda s: "step 9  (10/10)" in s, 10, "F8 to show step 9 again")
         assert "at ' Republic': u vs min(1, p'/q)" in text
     finally:
-        tmux("kill-server")
+        term.close()
+
