@@ -26,6 +26,7 @@ KEYS = [  # docs/tui.md lists the same keys
     ("f5", "step mode: pause after every verifier step and explain it: a legend of q and p, each drafted token accepted ✓, rejected ✗ or not reached ○, and under sampling the test's numbers (docs/teaching.md)"),
     ("f6", "next step (step mode, replay)"),
     ("f7 / f8", "browse earlier / later steps of the answer (or [ ] and ← → in the tree); the explanation follows the step shown"),
+    ("tab, then ↑ ↓ page up / down", "step mode's explanation under the tree: tab (or a click) reaches it, the arrow and page keys scroll it where a small window cuts it"),
     ("f9", "copy the last answer to the clipboard"),
     ("ctrl+t", "show / hide the side panel (token tree, acceptance); below 100 columns it is hidden unless step mode is on"),
     ("alt+↑ / alt+↓", "select the message above / below (from the message box: the last one); below the last, back to the message box"),

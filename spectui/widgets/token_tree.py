@@ -5,8 +5,9 @@ that proposed it, the draft probability q and the verifier probability p, and un
 the test's draw. The accepted branch is bold in the success colour, nodes never tested are
 dimmed, and the bonus token (the verifier's own next token) hangs below the accepted branch
 marked with a star. In step mode a legend says what q, p and the marks mean, and the decision
-(step_explain.py) why each node was accepted, rejected or never tested. The view holds every
-step of the answer: browsing (F7/F8, [ ]) shows an earlier step with its own decision.
+(step_explain.py) why each node was accepted, rejected or never tested; where the window cuts
+the decision (step mode at 80x24), it scrolls with the keys once focused (DecisionView). The view
+holds every step of the answer: browsing (F7/F8, [ ]) shows an earlier step with its own decision.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Button, Label, Static, Tree
@@ -34,6 +35,19 @@ def node_label(node, state: str, test: str | None = None, accent: str = "green")
     label.append(f"  {'+'.join(node.sources) or '-'}")
     label.stylize(f"bold {accent}" if state == ACCEPTED else ("dim" if MARKS[state] == "○" else ""))
     return label
+
+
+class DecisionView(VerticalScroll, inherit_bindings=False):
+    """The step's decision under the tree, scrolled when the window cuts it: Tab (or a click) focuses
+    it, then up/down and page up/down scroll it. Only those keys: left/right, [ ] and home/end stay
+    the tree view's (browse the steps)."""
+
+    BINDINGS = [
+        Binding("up", "scroll_up", "Scroll up", show=False),
+        Binding("down", "scroll_down", "Scroll down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+    ]
 
 
 class TokenTreeView(Vertical):
@@ -78,7 +92,8 @@ class TokenTreeView(Vertical):
         yield Static(legend(True), id="tree-legend", classes="tree-legend")
         yield Static(legend(True, compact=True), id="tree-legend-short", classes="tree-legend")
         yield Tree("", id="tree")
-        yield Static("", id="decision")
+        with DecisionView(id="decision"):
+            yield Static("", id="decision-text")
 
     def on_mount(self) -> None:
         self.query_one("#decision").display = False
@@ -129,7 +144,7 @@ class TokenTreeView(Vertical):
         tree = self.query_one(Tree)
         tree.clear()
         label = self.query_one("#tree-step", Label)
-        decision = self.query_one("#decision", Static)
+        decision = self.query_one("#decision-text", Static)
         if index < 0 or index >= len(self.events):
             tree.root.set_label(Text("waiting for the first step", style="dim"))
             label.update("no step yet")

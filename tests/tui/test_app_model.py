@@ -97,7 +97,7 @@ async def test_step_mode_waits_for_the_key(model_home):
         await wait_for(pilot, lambda: len(tree.events) >= 1, 60, "the prefill step")
         await pilot.pause(1.5)
         assert len(tree.events) == 1  # paused after the prefill step
-        assert "Prefill" in str(app.chat.query_one("#decision").render())
+        assert "Prefill" in str(app.chat.query_one("#decision-text").render())
         await pilot.press("f6")
         await wait_for(pilot, lambda: len(tree.events) >= 2, 60, "the next step")
         await pilot.pause(1.0)

@@ -59,7 +59,7 @@ async def test_replay_step_and_browse(fresh_home):
         tree = app.chat.query_one(TokenTreeView)
         assert len(tree.events) == 3
         assert app.chat.last_answer() == "".join(e.new_text for e in events[:3])
-        decision = str(app.chat.query_one("#decision").render())
+        decision = str(app.chat.query_one("#decision-text").render())
         assert "bonus" in decision
         await pilot.press("f7")
         await pilot.pause()

@@ -20,7 +20,7 @@ from spectui.replay import read_turns
 from spectui.replay_app import ReplayApp
 from spectui.widgets.step_explain import ACCEPTED, AFTER_END, NOT_REACHED, REJECTED, explain, node_states
 
-from tui_helpers import DATA, TRACE
+from tui_helpers import DATA, TRACE, text_shown
 
 pytestmark = pytest.mark.anyio
 
@@ -39,8 +39,14 @@ def labels(app) -> list[str]:
     return out
 
 
+async def play(pilot, steps: int) -> None:
+    """n, `steps` times: the replay's first `steps` verifier steps, drawn."""
+    await pilot.press(*"n" * steps)
+    await pilot.pause(0.3)
+
+
 def decision(app) -> str:
-    return str(app.chat.query_one("#decision").render())
+    return str(app.chat.query_one("#decision-text").render())
 
 
 def test_greedy_states_accepted_rejected_and_below_a_rejection():
@@ -92,9 +98,7 @@ async def test_sampling_numbers_on_the_tree_and_in_the_decision(fresh_home):
     event = events[RESIDUAL_STEP]
     app = ReplayApp(read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
-        for _ in range(RESIDUAL_STEP + 1):
-            await pilot.press("n")
-        await pilot.pause(0.3)
+        await play(pilot, RESIDUAL_STEP + 1)
         legend = str(app.chat.query_one("#tree-legend").render())
         assert "q  drafter's probability" in legend and "p  verifier's probability" in legend
         assert "u  uniform draw: kept if u < min(1, p'/q)" in legend
@@ -116,9 +120,7 @@ async def test_browsing_back_the_explanation_follows_the_step_shown(fresh_home):
     _, events = read_trace(SAMPLING)
     app = ReplayApp(read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
-        for _ in range(RESIDUAL_STEP + 1):
-            await pilot.press("n")
-        await pilot.pause(0.3)
+        await play(pilot, RESIDUAL_STEP + 1)
         assert decision(app) == explain(events[RESIDUAL_STEP], greedy=False)
         for index in (RESIDUAL_STEP - 1, RESIDUAL_STEP - 2):
             await pilot.press("f7")
@@ -160,9 +162,7 @@ async def test_a_sampling_trace_without_the_draws_says_so(fresh_home, tmp_path):
     old.write_text("".join(json.dumps(line) + "\n" for line in lines))
     app = ReplayApp(read_turns(old), replay_name=old.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
-        for _ in range(RESIDUAL_STEP + 1):
-            await pilot.press("n")
-        await pilot.pause(0.3)
+        await play(pilot, RESIDUAL_STEP + 1)
         text = decision(app)
         assert "no record of this step's test draws" in text and "not accepted (rejected, or never tested)" in text
         assert "u " not in text and "residual" not in text
@@ -175,12 +175,39 @@ async def test_a_one_token_step_is_not_called_the_prefill(fresh_home):
     index = next(i for i, e in enumerate(events) if e.step > 0 and not e.tree)
     app = ReplayApp(read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
     async with app.run_test(size=(160, 48)) as pilot:
-        for _ in range(index + 1):
-            await pilot.press("n")
-        await pilot.pause(0.3)
+        await play(pilot, index + 1)
         assert labels(app)[0] == "one-token step: nothing drafted"
         assert decision(app).startswith("No draft this step: the verifier decoded")
         for _ in range(index):
             await pilot.press("f7")  # back to the first step: the prefill
         await pilot.pause()
         assert labels(app)[0] == "prefill (prompt)" and decision(app).startswith("Prefill:")
+
+
+async def test_the_decision_scrolls_with_the_keys_in_a_small_window(fresh_home):
+    """At 80x24 the decision of the residual step is cut: Tab reaches it, down and page down bring
+    its last line into view, page up its first; left still browses the steps while it has the focus."""
+    _, events = read_trace(SAMPLING)
+    app = ReplayApp(read_turns(SAMPLING), replay_name=SAMPLING.name, autoplay=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await play(pilot, RESIDUAL_STEP + 1)
+        view = app.chat.query_one("#decision")
+        first, last = "at ' Republic': u vs min(1, p'/q)", "0/11 drafted accepted)"
+        assert first in text_shown(app, view) and last not in text_shown(app, view)  # cut by the window
+        for _ in range(8):  # the focus chain: messages, the tree's buttons, the tree, then the decision
+            if app.focused is view:
+                break
+            await pilot.press("tab")
+        assert app.focused is view
+        await pilot.press("down")
+        await pilot.pause()
+        assert view.scroll_y == 1 and first not in text_shown(app, view)
+        await pilot.press("pagedown", "pagedown", "pagedown")
+        await pilot.pause()
+        assert view.scroll_y == view.max_scroll_y > 1 and last in text_shown(app, view)
+        await pilot.press("pageup", "pageup", "pageup")
+        await pilot.pause()
+        assert view.scroll_y == 0 and first in text_shown(app, view)
+        await pilot.press("left")  # the tree view's key: the step before
+        await pilot.pause()
+        assert app.focused is view and decision(app) == explain(events[RESIDUAL_STEP - 1], greedy=False)

@@ -188,3 +188,38 @@ def test_step_mode_teaching_in_tmux(fresh_home, width, height):
     finally:
         term.close()
 
+
+def page(term: Tmux, key: str, line: str) -> str:
+    """Press `key` (one page, scrolled smoothly) until `line` shows, as a reader would; -> the screen."""
+    for _ in range(6):
+        term.keys(key)
+        time.sleep(0.6)
+        if line in term.screen():
+            break
+    return term.wait_screen(lambda s: line in s, 5, f"{line!r} after {key}")
+
+
+@needs_tmux
+def test_the_step_decision_scrolls_with_keys_in_tmux_at_80x24(fresh_home):
+    """At 80x24 the decision of a sampling step is cut under the tree. The decision is the last
+    control of the focus chain: shift+tab from the conversation focuses it, page down brings its
+    last line into view, up and page up its first again, and left still browses the steps."""
+    trace = Path(__file__).with_name("data") / "sampling.jsonl"
+    first, last = "at ' Republic': u vs min(1, p'/q)", "(0/11 drafted"  # its first and last rows
+    term = Tmux("decision")
+    term.start(f"env SPECTUI_HOME={fresh_home} {SPECTUI} replay {trace} --paused", 80, 24)
+    try:
+        term.wait_screen(lambda s: "paused" in s, 60, "the replay to open")
+        term.keys(*"n" * 10)
+        text = term.wait_screen(lambda s: "step 9  (10/10)" in s, 30, "step 9")
+        assert first in text and last not in text
+        term.keys("BTab")
+        text = page(term, "NPage", last)
+        assert first not in text and "step 9  (10/10)" in text
+        term.keys("Up")
+        text = page(term, "PPage", first)
+        assert last not in text
+        term.keys("Left")
+        term.wait_screen(lambda s: "step 8  (9/10)" in s, 10, "left to show step 8")
+    finally:
+        term.close()
