@@ -14,7 +14,7 @@ from spectui.screens.settings import SettingsScreen
 from spectui.store import Store
 from spectui.widgets.conversation import UserBlock
 
-from tui_helpers import wait_for
+from tui_helpers import save_chat, save_settings, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -46,16 +46,12 @@ async def test_corrupt_history_is_set_aside(fresh_home):
 
 
 async def test_conversations_switch_rename_delete(fresh_home):
-    store = Store(paths.history_db())
-    a = store.create("alpha [draft]")  # a title is text, never markup
-    store.add_message(a.id, "user", "first question")
-    b = store.create("beta")
-    store.add_message(b.id, "user", "second question")
-    store.close()
+    a = save_chat("alpha [draft]", ("user", "first question"))  # a title is text, never markup
+    b = save_chat("beta", ("user", "second question"))
     app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.2)
-        assert app.record.id == b.id  # the last one reopens
+        assert app.record.id == b  # the last one reopens
         await pilot.press("f2")
         assert isinstance(app.screen, ConversationsScreen)
         listing = app.screen.query_one("#conversation-list")
@@ -63,11 +59,11 @@ async def test_conversations_switch_rename_delete(fresh_home):
         assert shown[0].startswith("● beta  today ") and shown[1].startswith("alpha [draft]  today "), shown
         await pilot.press("down", "enter")
         await pilot.pause(0.2)
-        assert app.record.id == a.id
+        assert app.record.id == a
         assert [str(u.render()) for u in app.chat.query(UserBlock)] == ["first question"]
         await pilot.press("f2")
         await pilot.pause()
-        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a)
         await pilot.press("r")
         await pilot.pause()
         app.screen.query_one("#text").value = "renamed"
@@ -75,24 +71,24 @@ async def test_conversations_switch_rename_delete(fresh_home):
         await pilot.pause(0.2)
         assert app.record.title == "renamed"
         assert isinstance(app.screen, ConversationsScreen)
-        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a)
         await pilot.press("d")  # asks first: n (or esc, or the focused Keep button) keeps it
         await pilot.pause(0.2)
         assert isinstance(app.screen, ConfirmScreen) and "renamed" in str(app.screen.query_one("#question").render())
         await pilot.press("n")
         await pilot.pause(0.2)
         assert isinstance(app.screen, ConversationsScreen) and len(Store(paths.history_db()).list()) == 2
-        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a)
         await pilot.press("d", "enter")  # enter on the focused button: Keep
         await pilot.pause(0.2)
         assert isinstance(app.screen, ConversationsScreen) and len(Store(paths.history_db()).list()) == 2
-        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a.id)
+        app.screen.query_one("#conversation-list").highlighted = [r.id for r in app.screen.records].index(a)
         await pilot.press("d", "y")
         await pilot.pause(0.2)
         assert isinstance(app.screen, ConversationsScreen)
         await pilot.press("escape")
         await pilot.pause(0.2)
-        assert app.record.id == b.id
+        assert app.record.id == b
     store = Store(paths.history_db())
     assert [r.title for r in store.list()] == ["beta"]
     store.close()
@@ -101,11 +97,7 @@ async def test_conversations_switch_rename_delete(fresh_home):
 async def test_settings_saved_to_config(fresh_home):
     app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("f3")
-        assert isinstance(app.screen, SettingsScreen)
-        app.screen.query_one("#tree").value = "0"
-        await pilot.click("#save")
-        await pilot.pause()
+        await save_settings(app, pilot, tree="0")
         error = app.screen.query_one("#tree-error")
         assert error.display and str(error.render()).startswith("✗ Tree “0”: expected auto")
         assert app.screen.focused.id == "tree"
@@ -130,11 +122,7 @@ async def test_settings_saved_to_config(fresh_home):
 async def test_a_bad_settings_field_gets_one_clear_line_next_to_it(fresh_home, field, typed, line):
     app = ChatApp(autoload=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("f3")
-        app.screen.query_one("#system").value = "typed, not lost"
-        app.screen.query_one(f"#{field}").value = typed
-        await pilot.click("#save")
-        await pilot.pause()
+        await save_settings(app, pilot, system="typed, not lost", **{field: typed})
         assert isinstance(app.screen, SettingsScreen)  # still open, with what was typed
         assert app.screen.query_one("#system").value == "typed, not lost"
         error = app.screen.query_one(f"#{field}-error")
@@ -225,11 +213,7 @@ async def test_palette_lists_app_commands(fresh_home):
 
 
 async def test_copy_and_export(fresh_home):
-    store = Store(paths.history_db())
-    record = store.create("France")
-    store.add_message(record.id, "user", "What is the capital of France?")
-    store.add_message(record.id, "assistant", "Paris.")
-    store.close()
+    save_chat("France", ("user", "What is the capital of France?"), ("assistant", "Paris."))
     app = ChatApp(autoload=False)
     async with app.run_test() as pilot:
         await pilot.pause(0.2)
@@ -253,14 +237,8 @@ async def test_prompt_history_up_down_and_ctrl_r_search(fresh_home):
     back; an edited recall is a message like any other; ctrl+r finds a prompt by its words."""
     from spectui.screens.prompt_search import PromptSearchScreen
 
-    store = Store(paths.history_db())
-    a = store.create("alpha")
-    store.add_message(a.id, "user", "What is the capital of France?")
-    store.add_message(a.id, "assistant", "Paris.")
-    b = store.create("beta")
-    store.add_message(b.id, "user", "Write a haiku\nabout the sea")
-    store.add_message(b.id, "user", "Explain photosynthesis")
-    store.close()
+    save_chat("alpha", ("user", "What is the capital of France?"), ("assistant", "Paris."))
+    save_chat("beta", ("user", "Write a haiku\nabout the sea"), ("user", "Explain photosynthesis"))
     app = ChatApp(autoload=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause(0.2)

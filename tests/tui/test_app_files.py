@@ -13,9 +13,10 @@ import pytest
 
 from spectui import paths
 from spectui.chat_app import ChatApp
-from spectui.screens.settings import SettingsScreen
 from spectui.store import Store
 from spectui.widgets.conversation import UserBlock
+
+from tui_helpers import save_chat, save_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -55,11 +56,7 @@ async def test_settings_save_writes_only_what_changed(fresh_home):
     path = write_config(USER_CONFIG)
     app = ChatApp(autoload=False, overrides=FLAGS)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("f3")
-        assert isinstance(app.screen, SettingsScreen)
-        app.screen.query_one("#top_p").value = "0.8"
-        await pilot.click("#save")
-        await pilot.pause()
+        await save_settings(app, pilot, top_p="0.8")
         assert "settings saved" in messages(app)
         assert app.config.top_p == 0.8 and app.config.tree == "3,1"  # the flag still holds for the session
     text = path.read_text(encoding="utf-8")
@@ -79,10 +76,7 @@ async def test_a_broken_config_is_kept_and_explained(fresh_home):
         assert app.theme == "spectui-dark"
         app.theme = "spectui-high-contrast"  # choices made in the app: this session only
         await pilot.press("f4")
-        await pilot.press("f3")
-        app.screen.query_one("#temperature").value = "0.7"
-        await pilot.click("#save")
-        await pilot.pause(0.2)
+        await save_settings(app, pilot, temperature="0.7")
         assert app.config.temperature == 0.7 and app.config.colour_origins
         assert "not saved" in messages(app)
     assert path.read_bytes() == broken
@@ -130,10 +124,7 @@ async def test_a_bad_history_gives_a_notice_and_the_app_works(fresh_home, case, 
 
 
 async def test_what_spectui_creates_is_private(fresh_home):
-    store = Store(paths.history_db())
-    record = store.create("France")
-    store.add_message(record.id, "assistant", "Paris.")
-    store.close()
+    save_chat("France", ("assistant", "Paris."))
     app = ChatApp(autoload=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.2)

@@ -17,6 +17,7 @@ from tui_helpers import wait_for
 pytestmark = pytest.mark.anyio
 
 QUESTION = "What is the capital of France?"
+STORY = "Write a long story about a dragon who learns to cook."
 SIZE = (140, 42)
 
 
@@ -31,6 +32,14 @@ async def ask(app, pilot, text: str) -> None:
     # a short answer on an idle machine can be complete before the first poll: accept either
     tree = app.chat.query_one(TokenTreeView)
     await wait_for(pilot, lambda: app.generating or len(tree.events) > 0, 10, "generation to start")
+
+
+async def story_streaming(app, pilot, steps: int) -> TokenTreeView:
+    """Ask for a long story and wait for its first `steps` verifier steps: the answer streams on."""
+    await ask(app, pilot, STORY)
+    tree = app.chat.query_one(TokenTreeView)
+    await wait_for(pilot, lambda: len(tree.events) >= steps, 120, "a few steps")
+    return tree
 
 
 @pytest.mark.slow
@@ -71,9 +80,7 @@ async def test_answer_tree_chart_and_history_survive_restart(model_home):
 async def test_escape_stops_and_keeps_partial_answer(model_home):
     app = ChatApp(overrides={"max_new_tokens": 400})
     async with app.run_test(size=SIZE) as pilot:
-        await ask(app, pilot, "Write a long story about a dragon who learns to cook.")
-        tree = app.chat.query_one(TokenTreeView)
-        await wait_for(pilot, lambda: len(tree.events) >= 4, 120, "a few steps")
+        tree = await story_streaming(app, pilot, 4)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.generating, 30, "generation to stop")
         last = tree.events[-1]
@@ -155,9 +162,7 @@ async def test_generation_failures_are_shown_and_the_conversation_kept(model_hom
 async def test_engine_killed_mid_answer_saves_the_partial_answer_and_restarts(model_home):
     app = ChatApp(overrides={"max_new_tokens": 300})
     async with app.run_test(size=SIZE) as pilot:
-        await ask(app, pilot, "Write a long story about a dragon who learns to cook.")
-        tree = app.chat.query_one(TokenTreeView)
-        await wait_for(pilot, lambda: len(tree.events) >= 3, 120, "a few steps")
+        tree = await story_streaming(app, pilot, 3)
         app.engine.process.kill()
         await wait_for(pilot, lambda: not app.generating, 30, "the turn to end")
         await pilot.pause(0.3)
@@ -168,7 +173,7 @@ async def test_engine_killed_mid_answer_saves_the_partial_answer_and_restarts(mo
         assert app.chat.status.state == "engine stopped"
         store = Store(paths.history_db())
         assert [(m.role, m.content) for m in store.messages(app.record.id)][-2:] == [
-            ("user", "Write a long story about a dragon who learns to cook."), ("assistant", streamed)]
+            ("user", STORY), ("assistant", streamed)]
         store.close()
         await pilot.press("ctrl+e")
         await wait_for(pilot, lambda: app.engine is not None, 300, "the restart")

@@ -19,7 +19,7 @@ from spectui.replay_app import ReplayApp
 from spectui.store import Store
 from spectui.widgets.conversation import AnswerBlock, UserBlock, code_blocks, stamp
 
-from tui_helpers import TRACE, wait_for
+from tui_helpers import TRACE, save_chat, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -40,16 +40,8 @@ def test_code_blocks_stamps_and_fork_titles():
 
 
 def seed_history(*pairs: tuple[str, str]) -> int:
-    """A saved conversation of (question, answer) pairs; -> its id."""
-    store = Store(paths.history_db())
-    try:
-        record = store.create(pairs[0][0])
-        for question, answer in pairs:
-            store.add_message(record.id, "user", question)
-            store.add_message(record.id, "assistant", answer)
-        return record.id
-    finally:
-        store.close()
+    """A saved conversation of (question, answer) pairs, titled by the first; -> its id."""
+    return save_chat(pairs[0][0], *[(role, text) for pair in pairs for role, text in zip(("user", "assistant"), pair)])
 
 
 def stored(conversation_id: int):

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from spectui import paths
-from spectui.store import Store
 
 from tmux_helpers import SPECTUI, Tmux, needs_tmux
+from tui_helpers import save_chat
 
 QUESTION = "Print hi, two ways"
 ANSWER = "Two ways:\n\n```python\nprint('hi')\n```\n\nor in a shell\n\n~~~sh\necho hi\n~~~\n"
@@ -47,11 +47,7 @@ def wait_saved(term: Tmux, title: str, count: int, timeout: float = 120) -> list
 @needs_tmux
 @pytest.mark.parametrize("width, height", [(80, 24), (160, 48)])
 def test_message_keys_in_tmux(fresh_home, tiny_model, width, height):
-    store = Store(paths.history_db())
-    record = store.create(QUESTION)
-    store.add_message(record.id, "user", QUESTION)
-    store.add_message(record.id, "assistant", ANSWER)
-    store.close()
+    save_chat(QUESTION, ("user", QUESTION), ("assistant", ANSWER))
     original = conversations()[QUESTION]
     term = Tmux(f"messages-{width}")
     term.start(f"env SPECTUI_HOME={fresh_home} {SPECTUI} chat --model {tiny_model} --quant none --device cpu "

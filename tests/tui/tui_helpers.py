@@ -7,8 +7,35 @@ from pathlib import Path
 
 from textual.errors import NoWidget
 
+from spectui import paths
+from spectui.screens.settings import SettingsScreen
+from spectui.store import Store
+
 DATA = Path(__file__).with_name("data")
 TRACE = DATA / "france.jsonl"
+
+
+def save_chat(title: str, *messages: tuple[str, str]) -> int:
+    """A conversation of (role, content) messages saved in the test's history file, as an earlier
+    session would have left it; -> its id."""
+    store = Store(paths.history_db())
+    try:
+        record = store.create(title)
+        for role, content in messages:
+            store.add_message(record.id, role, content)
+        return record.id
+    finally:
+        store.close()
+
+
+async def save_settings(app, pilot, **values: str) -> None:
+    """F3, these values typed into the settings' fields (by id), then a click on Save."""
+    await pilot.press("f3")
+    assert isinstance(app.screen, SettingsScreen)
+    for field, value in values.items():
+        app.screen.query_one(f"#{field}").value = value
+    await pilot.click("#save")
+    await pilot.pause(0.2)
 
 
 async def wait_for(pilot, condition, timeout: float = 120.0, what: str = "condition"):
