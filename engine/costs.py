@@ -43,7 +43,7 @@ from pathlib import Path
 GRID = (1, 2, 4, 8, 16, 32)  # tree sizes timed at load
 WINDOW = 16  # observations per median
 EMA = 0.1  # weight of one new observation in the drafting costs' moving averages
-CACHE_VERSION = 4  # 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
+CACHE_VERSION = 5  # 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,10 @@ SHOTS = {
 
 
 async def shoot(name: str, trace: str, keys: list[str], size: tuple[int, int], svg: Path) -> None:
-    from spectui.app import SpecTuiApp
     from spectui.replay import read_turns
+    from spectui.replay_app import ReplayApp
 
-    app = SpecTuiApp(replay=read_turns(DATA / trace), replay_name=trace, autoplay=False)
+    app = ReplayApp(read_turns(DATA / trace), replay_name=trace, autoplay=False)
     async with app.run_test(size=size) as pilot:
         for key in keys:
             await pilot.press(key)
