@@ -170,23 +170,6 @@ def test_read_prompts_vicuna_categories():
 # --------------------------------------------------------------------------- the CLI
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["--merge", "all"], "--merge must be union, vote or both"),
-        (["--limit", "0"], "--limit must be at least 1"),
-        (["--tree", "2,x"], "--tree"),
-        (["--threads", "0"], "--threads must be at least 1"),
-        (["--prompts", "/no/such/prompts.jsonl"], "cannot read prompts"),
-    ],
-)
-def test_bad_options_are_one_line_and_exit_2(args, needle):
-    result = spectui("bench", *args)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert "Traceback" not in result.stderr and len(lines) == 1 and needle in lines[0]
-
-
 @pytest.fixture(scope="module")
 def chat_verifier(tiny_dirs, embedded_dir, tmp_path_factory) -> Path:
     """The tiny verifier folder with the embedded model's chat template (the bench sends chat prompts)."""

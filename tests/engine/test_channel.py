@@ -4,6 +4,8 @@ that sends garbage, dies, stalls and replies late. The real engine's side is in 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 from background_turn import BackgroundTurn, ask
@@ -16,52 +18,47 @@ from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, prepare
 SETTINGS = GenerationSettings(max_new_tokens=8)
 
 
-def start(script: str, **options) -> EngineWorker:
+@contextmanager
+def running(script: str, **options) -> Iterator[EngineWorker]:
+    """A loaded worker over the fake engine running `script`, closed after the block."""
     prepare_engine_process()
     worker = EngineWorker(LoadRequest(script), serve=serve, **options)
-    worker.wait_loaded()
-    return worker
+    try:
+        worker.wait_loaded()
+        yield worker
+    finally:
+        worker.close()
 
 
 def test_a_turn_streams_every_step_and_the_reply():
-    worker = start("fake")
-    try:
+    with running("fake") as worker:
         conversation = ask("q1")
         texts = [e.new_text for e in worker.chat(conversation, SETTINGS)]
         assert texts == words_for("q1")
         assert conversation.messages[-1].content == "".join(words_for("q1"))
         assert worker.info.model == "fake" and worker.turn == 1
-    finally:
-        worker.close()
 
 
 def test_garbage_from_the_engine_is_dropped_and_the_turn_completes():
-    worker = start("garbage")
-    try:
+    with running("garbage") as worker:
         for prompt in ("g1", "g2"):
             conversation = ask(prompt)
             assert [e.new_text for e in worker.chat(conversation, SETTINGS)] == words_for(prompt)
         assert worker.garbage == 6  # three pieces of garbage per turn, none of them taken for a step
-    finally:
-        worker.close()
 
 
 def test_unknown_messages_to_the_engine_are_rejected_and_it_keeps_serving():
-    worker = start("fake")
-    try:
+    with running("fake") as worker:
         worker.conn.send(("chat", "an old-protocol tuple"))
         worker.conn.send_bytes(b"\x80\x04 not a pickle")
         conversation = ask("after")
         assert [e.new_text for e in worker.chat(conversation, SETTINGS)] == words_for("after")
         assert len(worker.rejected) == 2 and all("cannot use" in r for r in worker.rejected)
         assert worker.process.is_alive()
-    finally:
-        worker.close()
 
 
 def test_death_mid_turn_keeps_the_streamed_part_and_says_how():
-    worker = start("die:3")
-    try:
+    with running("die:3") as worker:
         conversation = ask("d")
         got = []
         with pytest.raises(EngineDied) as died:
@@ -74,13 +71,10 @@ def test_death_mid_turn_keeps_the_streamed_part_and_says_how():
         with pytest.raises(EngineDied):  # a dead worker stays dead: restarting is explicit
             list(worker.chat(ask("again"), SETTINGS))
         assert worker.check() is died.value
-    finally:
-        worker.close()
 
 
 def test_a_stalled_engine_is_ended_after_the_stop_grace():
-    worker = start("stall", stop_grace_s=1.0)
-    try:
+    with running("stall", stop_grace_s=1.0) as worker:
         conversation = ask("s")
         got = []
         began = time.monotonic()
@@ -93,13 +87,10 @@ def test_a_stalled_engine_is_ended_after_the_stop_grace():
         assert conversation.messages[-1].content == "".join(words_for("s")[:2])
         worker.process.join(5)
         assert not worker.process.is_alive()
-    finally:
-        worker.close()
 
 
 def test_late_replies_of_an_abandoned_turn_are_dropped():
-    worker = start("late")
-    try:
+    with running("late") as worker:
         first = ask("old")
         events = worker.chat(first, SETTINGS)
         assert next(events).new_text == words_for("old")[0]
@@ -108,13 +99,10 @@ def test_late_replies_of_an_abandoned_turn_are_dropped():
         second = ask("new")
         assert [e.new_text for e in worker.chat(second, SETTINGS)] == words_for("new")
         assert worker.stale == len(WORDS)  # the old turn's remaining steps and its Done
-    finally:
-        worker.close()
 
 
 def test_stop_and_advance_act_only_on_their_own_turn():
-    worker = start("fake")
-    try:
+    with running("fake") as worker:
         worker.set_step_mode(True)
         worker.conn.send(Advance(turn=99))  # another turn's advance must not release this turn
         worker.conn.send(Stop(turn=99))
@@ -124,13 +112,10 @@ def test_stop_and_advance_act_only_on_their_own_turn():
         assert turn.wait_for(2, 10) == 2 and turn.count_after(0.5) == 2  # one step a release
         worker.set_step_mode(False)
         assert turn.done.wait(10) and [e.new_text for e in turn.events] == words_for("p")
-    finally:
-        worker.close()
 
 
 def test_the_raw_channel_names_the_turn_in_every_reply():
-    worker = start("fake")
-    try:
+    with running("fake") as worker:
         worker.conn.send(Chat(7, None, (("user", "raw"),), SETTINGS))
         replies = [worker.conn.recv() for _ in WORDS] + [worker.conn.recv()]
         assert all(isinstance(r, Step) and r.turn == 7 for r in replies[:-1])
@@ -139,6 +124,4 @@ def test_the_raw_channel_names_the_turn_in_every_reply():
         rejected = worker.conn.recv()
         assert isinstance(rejected, Rejected) and "malformed" in rejected.reason
         assert worker.process.is_alive()
-    finally:
-        worker.close()
 

@@ -58,6 +58,35 @@ def test_bad_generation_flags_exit_2(command, flags, needle, fresh_home):
     assert not (fresh_home / "config").exists()  # refused before the app could save it to the config
 
 
+# bench's and tune's own options; tune's with --out OUT, which must not be created (OUT/tune.log used to be
+# written before --quant bogus failed), some after a model that does not exist (checked before it)
+BAD_OPTIONS = [
+    (["bench"], ["--merge", "all"], "--merge must be union, vote or both"),
+    (["bench"], ["--limit", "0"], "--limit must be at least 1"),
+    (["bench"], ["--tree", "2,x"], "--tree"),
+    (["bench"], ["--threads", "0"], "--threads must be at least 1"),
+    (["bench"], ["--prompts", "/no/such/prompts.jsonl"], "cannot read prompts"),
+    (["tune"], ["--ssms", "0"], "--ssms must be at least 1"),
+    (["tune"], ["--tokens", "0"], "--tokens must be at least 1"),
+    (["tune"], ["--prompts", "/nonexistent/prompts.txt"], "no such file"),
+    (["tune"], ["--model", "no-such-model"], "unknown model"),
+    (["tune"], ["--hidden", "30", "--heads", "4"], "multiple of the 4 heads"),
+    (["tune", *NO_MODEL], ["--quant", "bogus"], "--quant 'bogus': use one of nf4, fp4, int8, none"),
+    (["tune", *NO_MODEL], ["--device", "tpu"], "--device 'tpu': use auto, cpu or cuda"),
+    (["tune", *NO_MODEL], ["--seed", "-1"], "--seed -1: must be an integer from 0 to 4294967295"),
+    (["tune", *NO_MODEL], ["--seed", str(2**32)], "--seed 4294967296: must be"),
+    (["tune", *NO_MODEL], ["--epochs", "inf"], "--epochs inf: must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("command, args, needle", BAD_OPTIONS)
+def test_bad_bench_and_tune_options_exit_2_writing_nothing(command, args, needle, tmp_path, fresh_home):
+    out = tmp_path / "out"
+    extra = ["--out", str(out)] if command[0] == "tune" else []
+    assert needle in one_line_exit_2(run_cli(*command, *extra, *args))
+    assert not out.exists()
+
+
 def test_good_flag_values_pass_the_checks():
     """The edges that are allowed get as far as the model (and fail there, on its name)."""
     args = ["--temperature", "0", "--top-p", "1", "--seed", str(2**63 - 1), "--tree", "2,2,1,1"]

@@ -38,12 +38,19 @@ def chain_features(head, tokens, prev):
     return out[0]
 
 
+def primed(head, seed: int, tokens: int, positions: int, known: int):
+    """(committed: `tokens` random ids, feats [positions, H] random, a FeatureDrafter given feats[:known])."""
+    torch.manual_seed(seed)
+    committed = torch.randint(0, V, (tokens,)).tolist()
+    feats = torch.randn(positions, H)
+    drafter = FeatureDrafter("a", head)
+    drafter.take_features(0, feats[:known])
+    return committed, feats, drafter
+
+
 def test_root_and_drafted_node_match_the_causal_forward(head):
-    torch.manual_seed(1)
-    committed = torch.randint(0, V, (20,)).tolist()  # x_0 .. x_19: x_19 is the root
-    feats = torch.randn(19, H)  # f_0 .. f_18
-    drafter = FeatureDrafter("feature", head)
-    drafter.take_features(0, feats)
+    # x_0 .. x_19 (x_19 the root), f_0 .. f_18
+    committed, feats, drafter = primed(head, seed=1, tokens=20, positions=19, known=19)
     tree = TokenTree.with_root(committed[-1])
     children = drafter.begin(committed, tree, 0, 2)
     reference = chain_features(head, committed[1:], feats)  # positions 1 .. 19
@@ -61,11 +68,7 @@ def test_root_and_drafted_node_match_the_causal_forward(head):
 
 
 def test_step_by_step_cache_equals_a_fresh_one(head):
-    torch.manual_seed(2)
-    committed = torch.randint(0, V, (12,)).tolist()
-    feats = torch.randn(40, H)
-    stepped = FeatureDrafter("a", head)
-    stepped.take_features(0, feats[:11])
+    committed, feats, stepped = primed(head, seed=2, tokens=12, positions=40, known=11)
     for extra in ([5, 6], [7], [8, 9, 10]):  # a step accepts some tokens, then the verifier's features arrive
         tree = TokenTree.with_root(committed[-1])
         stepped.expand(tree, 0, stepped.begin(committed, tree, 0, 3), 1)
@@ -80,11 +83,7 @@ def test_step_by_step_cache_equals_a_fresh_one(head):
 
 
 def test_rewind_keeps_the_shared_prefix(head):
-    torch.manual_seed(3)
-    committed = torch.randint(0, V, (15,)).tolist()
-    feats = torch.randn(30, H)
-    drafter = FeatureDrafter("a", head)
-    drafter.take_features(0, feats[:14])
+    committed, feats, drafter = primed(head, seed=3, tokens=15, positions=30, known=14)
     drafter.catch_up(committed)
     new_prompt = committed[:9] + [1, 2, 3]
     drafter.rewind(new_prompt)
