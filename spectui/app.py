@@ -30,6 +30,24 @@ from .themes import STYLESHEET, THEMES
 from .widgets.prompt import recognise_escape_enter
 
 
+# the command palette: (title, what it does, the action it runs); a mode lists those it has an action for
+PALETTE: tuple[tuple[str, str, str], ...] = (
+    ("Help: key bindings", "List every key", "help"),
+    ("Step mode", "Pause after every verifier step (toggle)", "toggle_step_mode"),
+    ("Next step", "Advance one verifier step (step mode, replay)", "next_step"),
+    ("Token origins", "Colour tokens by SSM 1 / SSM 2 / n-gram / bonus (toggle)", "toggle_origins"),
+    ("Side panel", "Show or hide the token tree and acceptance (ctrl+t)", "toggle_panel"),
+    ("New conversation", "Start a new chat", "new_conversation"),
+    ("Conversations", "List, switch, rename, delete chats", "conversations"),
+    ("Settings", "System prompt, temperature, top-p, tree, SSMs, max tokens", "settings"),
+    ("Model", "Switch the model and its SSMs; the conversation stays (ctrl+o)", "pick_model"),
+    ("Search earlier prompts", "Find a prompt you sent and edit or send it again (ctrl+r)", "search_prompts"),
+    ("Copy last answer", "Copy the last answer to the clipboard", "copy_answer"),
+    ("Export to Markdown", "Write this conversation to a Markdown file", "export"),
+    ("Stop", "Stop generating (a replay: pause it)", "stop"),
+)
+
+
 class SpecTuiApp(CopyActions, App):
     TITLE = "spectui"
     CSS_PATH = STYLESHEET
@@ -96,12 +114,15 @@ class SpecTuiApp(CopyActions, App):
         return True
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): Textual's own, then PALETTE's entries whose action this mode has."""
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Help: key bindings", "List every key", self.action_help)
-        yield SystemCommand("Step mode", "Pause after every verifier step (toggle)", self.action_toggle_step_mode)
-        yield SystemCommand("Next step", "Advance one verifier step (step mode, replay)", self.action_next_step)
-        yield SystemCommand("Token origins", "Colour tokens by SSM 1 / SSM 2 / n-gram / bonus (toggle)", self.action_toggle_origins)
-        yield SystemCommand("Side panel", "Show or hide the token tree and acceptance (ctrl+t)", self.chat.action_toggle_panel)
+        for title, text, action in PALETTE:
+            if hasattr(self, f"action_{action}"):
+                yield SystemCommand(title, text, getattr(self, f"action_{action}"))
+
+    def action_toggle_panel(self) -> None:
+        """ctrl+t on the chat screen, from the palette too."""
+        self.chat.action_toggle_panel()
 
     def action_next_step(self) -> None:
         """f6: the next verifier step (the chat's engine, or the replay's next recorded step)."""

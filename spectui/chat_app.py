@@ -298,15 +298,6 @@ class ChatApp(HistoryActions, MessageActions, ModelActions, SpecTuiApp):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("New conversation", "Start a new chat", self.action_new_conversation)
-        yield SystemCommand("Conversations", "List, switch, rename, delete chats", self.action_conversations)
-        yield SystemCommand("Settings", "System prompt, temperature, top-p, tree, SSMs, max tokens", self.action_settings)
-        yield SystemCommand("Model", "Switch the model and its SSMs; the conversation stays (ctrl+o)", self.action_pick_model)
-        yield SystemCommand("Search earlier prompts", "Find a prompt you sent and edit or send it again (ctrl+r)",
-                            self.action_search_prompts)
-        yield SystemCommand("Copy last answer", "Copy the last answer to the clipboard", self.action_copy_answer)
-        yield SystemCommand("Export to Markdown", "Write this conversation to a Markdown file", self.action_export)
-        yield SystemCommand("Stop", "Stop generating", self.action_stop)
         if self.link.state in ("off", "failed", "dead"):
             yield SystemCommand("Restart engine", "Start the engine process again (ctrl+e)", self.action_restart_engine)
 

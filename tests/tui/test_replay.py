@@ -93,6 +93,9 @@ async def test_replay_keys_and_the_chat_keys_it_has_no_use_for(fresh_home):
             assert app.screen is app.chat and len(app.screen_stack) == 1, key
         await pilot.press("f4", "f5", "f5")
         assert app.config.colour_origins and app.chat.query_one("#conversation").colour_origins
+        titles = [c.title for c in app.get_system_commands(app.screen)]  # the palette: what a replay has
+        assert {"Next step", "Token origins", "Side panel", "Copy last answer", "Help: key bindings"} <= set(titles)
+        assert not {"New conversation", "Settings", "Model", "Conversations"} & set(titles)
     assert not paths.config_file().exists()
 
 
