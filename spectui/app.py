@@ -6,9 +6,10 @@ no model loaded. Textual looks a key's action and a message's handler up on the 
 each controller holds the keys and messages of its own mode, and a key one mode has no use for
 finds no action in it. This class holds what both do alike: the config and the themes, the view
 toggles (step mode, token origins), help, copying a message, a code block or the last answer
-(message_actions.py) and the command palette's shared entries. A mode says how it opens
-(`open`), what f6 does (`action_next_step`) and whether a setting chosen in the app is saved for
-the next start (`keep`: the chat saves it, a replay keeps it for its session).
+(message_actions.py) and the command palette (PALETTE: a mode lists the entries it has an action
+for). A mode says how it opens (`open`), what f6 does (`action_next_step`) and whether a setting
+chosen in the app is saved for the next start (`keep`: the chat saves it, a replay keeps it for
+its session).
 
 Textual calls a message handler (`on_*`) of every class in the MRO, so a handler defined here
 is never defined again in a subclass; the subclasses override plain methods.
