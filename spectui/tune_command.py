@@ -39,6 +39,8 @@ def tune(
     feature_head: bool = typer.Option(False, "--feature-head", help="also train a feature drafter (EAGLE) that reads the verifier's hidden states"),
     feature_epochs: Optional[float] = knob("--feature-epochs", f"feature head training epochs (default {D.feature_epochs:g})"),
     feature_vocab: Optional[int] = knob("--feature-vocab", f"tokens the feature head may draft (default {D.feature_vocab})"),
+    feature_prompts: Optional[int] = knob("--feature-prompts", "also the verifier's features over N more prompts of the prompt "
+                                          "set, unanswered (a prefill each: about 5x the positions a second of answering)"),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="prompts file (JSONL or one a line); default: Magpie"),
     shipped_prompts: bool = typer.Option(
         False, "--shipped-prompts", help="tune on the 2,400 real prompts in 8 categories shipped with spectui, not Magpie's",
@@ -97,6 +99,7 @@ def tune(
             epochs=epochs, batch_size=batch_size, max_answer_tokens=max_answer_tokens, hit_weight=hit_weight,
             top_k=top_k, batch_tokens=batch_tokens, checkpoint_every=checkpoint_every, soft_weight=soft_weight,
             teacher_k=teacher_k, prompt_weight=prompt_weight, feature_epochs=feature_epochs, feature_vocab=feature_vocab,
+            feature_prompts=feature_prompts,
         )
         overrides = {key: value for key, value in knobs.items() if value is not None}
         if batch_size is not None:

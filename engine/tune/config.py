@@ -80,6 +80,7 @@ class TuneConfig:
     feature_lr: float = 3e-3
     feature_vocab: int = 8192  # tokens the head may draft: those the verifier ranks first most often
     feature_prompt_weight: float = 0.5  # loss weight of prompt positions (answer positions weigh 1)
+    feature_prompts: int = 0  # prompts the verifier does not answer whose own features join the head's data
 
     # evaluation
     top_k: int = 3
@@ -90,6 +91,7 @@ class TuneConfig:
             (self.feature_epochs > 0 and self.feature_lr > 0, "--feature-epochs and the feature head's lr must be positive"),
             (self.feature_vocab >= 16, "--feature-vocab must be at least 16"),
             (0 <= self.feature_prompt_weight <= 1, "the feature head's prompt weight must be in [0, 1]"),
+            (self.feature_prompts >= 0, "--feature-prompts must be at least 0"),
             (self.tokens >= 1, "--tokens must be at least 1"),
             (self.threads is None or self.threads >= 1, "--threads must be at least 1"),
             (self.magpie_batch >= 1 and self.batch_size >= 1, "--batch-size must be at least 1"),

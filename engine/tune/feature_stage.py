@@ -5,6 +5,9 @@ Two steps after the answers stage, both resumable:
 1. features: one teacher-forced verifier pass per training sequence (prompt + answer) keeps its
    final hidden states and top-4 next tokens (features.py), FEATURE_CHUNK sequences a file in
    OUT/features/; a file on disk is complete (written to a temp name, then renamed) and is reused.
+   With --feature-prompts N, also over N prompts the verifier did not answer, their rendered text
+   alone (OUT/prompt-features/features/): the head models the verifier's dynamics, which its
+   features over any text show, at prefill speed (the shipped head's recipe, ssms/README.md).
 2. training (feature_train.py): the head learns f_t from (x_t, f_{t-1}) on every position, answer
    positions weighing 1 and prompt positions `prompt_weight`; its draft vocabulary is the
    `feature_vocab` tokens the verifier ranks first most often in this data. Checkpoints in
@@ -24,16 +27,19 @@ from pathlib import Path
 import torch
 
 from ..feature_head import FeatureHead, FeatureHeadConfig, is_feature_head
+from ..chat import ContextError
 from ..lean_model import LeanModel
+from .data import Example, is_held_out, prompt_ids
 from .feature_train import FeatureTrainConfig, draft_vocabulary, load_parts, train_head
 from .features import features_path, write_features
 
 FEATURE_CHUNK = 64  # training sequences per features file
 FOLDER = "feature-head"
+PROMPT_FOLDER = "prompt-features"
 
 
-def write_all_features(models, examples, out: Path, log) -> int:
-    """OUT/features/part-*.safetensors for the training examples; -> files written now."""
+def write_all_features(models, examples, out: Path, log, what: str = "training sequences") -> int:
+    """OUT/features/part-*.safetensors for the examples; -> files written now."""
     runner = LeanModel(models.verifier)
     written, files, began = 0, -(-len(examples) // FEATURE_CHUNK), time.perf_counter()
     for index in range(0, len(examples), FEATURE_CHUNK):
@@ -43,12 +49,43 @@ def write_all_features(models, examples, out: Path, log) -> int:
             written += 1
             log(f"feature head: features file {index // FEATURE_CHUNK + 1}/{files}, {positions} positions "
                 f"({time.perf_counter() - began:.0f} s)")
-    log(f"feature head: features of {len(examples)} training sequences in {out / 'features'} ({written} files written now)")
+    log(f"feature head: features of {len(examples)} {what} in {out / 'features'} ({written} files written now)")
     return written
 
 
-def tune_feature_head(models, train_examples, cfg, out: Path, log, after_step=None) -> dict:
-    """Features, then training; -> the head's info (also in OUT/feature-head/spectui-tune.json)."""
+def unanswered_prompts(prompts, examples, cfg, log) -> list[str]:
+    """Up to cfg.feature_prompts prompts of the prompt set (pipeline.Prompts) the verifier did not
+    answer and evaluation does not hold out (Magpie's are synthesised for it where too few are
+    left): the feature head's prompt-only data."""
+    answered = {e.prompt for e in examples}
+
+    def left() -> list[str]:
+        return [t for t in prompts.texts if t not in answered and not is_held_out(t, cfg.eval_fraction)][: cfg.feature_prompts]
+    texts = left()
+    if len(texts) < cfg.feature_prompts and not prompts.from_file and not prompts.exhausted:
+        prompts.synthesise(cfg.feature_prompts - len(texts))
+        texts = left()
+    log(f"feature head: {len(texts)} unanswered prompts for prompt-only features (--feature-prompts {cfg.feature_prompts})")
+    return texts
+
+
+def prompt_examples(models, texts: list[str], cfg, template: str | None, log) -> list[Example]:
+    """Unanswered prompts rendered as the engine renders them: Examples with no answer."""
+    examples = []
+    for text in texts:
+        try:
+            ids = prompt_ids(models.tokenizer, text, models.context_window, cfg.max_answer_tokens, template)
+        except ContextError:
+            log(f"feature head: prompt skipped, it does not fit the context window: {text[:60]!r}")
+            continue
+        examples.append(Example(text, ids, [], "prompt", False))
+    return examples
+
+
+def tune_feature_head(models, train_examples, cfg, out: Path, log, after_step=None, prompts: list[str] = (),
+                      template: str | None = None) -> dict:
+    """Features (of the training sequences, and of `prompts` alone: OUT/prompt-features), then
+    training; -> the head's info (also in OUT/feature-head/spectui-tune.json)."""
     folder = out / FOLDER
     if is_feature_head(folder):
         log(f"feature head: finished earlier, reusing {folder}")
@@ -56,6 +93,10 @@ def tune_feature_head(models, train_examples, cfg, out: Path, log, after_step=No
     verifier = models.verifier
     write_all_features(models, train_examples, out, log)
     parts = load_parts(out / "features")
+    if prompts:
+        write_all_features(models, prompt_examples(models, list(prompts), cfg, template, log), out / PROMPT_FOLDER, log,
+                           "unanswered prompts")
+        parts += load_parts(out / PROMPT_FOLDER / "features")
     vocab = min(cfg.feature_vocab, verifier.config.vocab_size)
     with torch.random.fork_rng():  # the initial weights from the seed alone: a resumed run starts the same
         torch.manual_seed(cfg.seed * 1_000_003 + 977)

@@ -8,6 +8,7 @@ Everything lands in OUT:
   ssm-K/            SSM K: config.json, model.safetensors (bf16), tokenizer, spectui-tune.json;
                     checkpoint.pt while it trains (kept afterwards only with keep_checkpoints)
   features/         with --feature-head: the verifier's features of the training sequences
+  prompt-features/  with --feature-prompts N: its features over N unanswered prompts (features/ inside)
   feature-head/     the feature drafter (feature_stage.py); .feature-head.training/ while it trains
   report.json       agreement with the verifier per SSM and together, data sizes, timings
 With cfg.resume every stage skips what is on disk: kept prompts, finished shards, finished SSMs,
@@ -355,11 +356,12 @@ def run_stages(cfg: TuneConfig, out: Path, preset, log: logging.Logger, after_st
 
     # 4. the feature drafter (feature_stage.py)
     if cfg.feature_head:
-        from .feature_stage import tune_feature_head
+        from .feature_stage import tune_feature_head, unanswered_prompts
 
         began = time.perf_counter()
         observe = None if after_step is None else (lambda step, loss: after_step(0, step, loss))
-        info = tune_feature_head(models, train_ex, cfg, out, log.info, observe)
+        extra = unanswered_prompts(prompts, examples, cfg, log.info) if cfg.feature_prompts else []
+        info = tune_feature_head(models, train_ex, cfg, out, log.info, observe, extra, template)
         timings["feature-head"] = time.perf_counter() - began
         folder = out / "feature-head"
         ssm_entries.append({"name": "feature-head", "folder": str(folder), "size_mb": round(folder_size(folder) / 1e6, 2),

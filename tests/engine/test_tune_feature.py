@@ -101,3 +101,45 @@ def test_feature_head_options_are_checked(tmp_path):
     result = CliRunner().invoke(app, ["tune", "--ssms", "0", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "--ssms must be at least 1 (0 with --feature-head)" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_feature_prompts_add_the_verifiers_features_over_unanswered_prompts(tiny_verifier, tmp_path):
+    """--feature-prompts N: N prompts the answers did not use (one batch of 2 answered here) join the
+    head's data as prompt-only sequences, in OUT/prompt-features; a resumed run reuses them."""
+    from spectui.engine.tune.features import read_features
+
+    more = PROMPTS + ["Name a colour.", "Count to five.", "Say hello in French.", "What is two plus two?"]
+    (tmp_path / "prompts.txt").write_text("\n".join(more) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["tune", "--model", str(tiny_verifier), "--prompts", str(tmp_path / "prompts.txt"), "--out", str(out),
+            "--ssms", "0", "--feature-head", "--feature-epochs", "1", "--feature-vocab", "512", "--tokens", "20",
+            "--max-answer-tokens", "20", "--batch-size", "2", "--quant", "none", "--device", "cpu", "--threads", "2",
+            "--feature-prompts", "3"]
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    shards = sorted((out / "data").glob("shard-*.jsonl"))
+    answered = {json.loads(line)["prompt"] for shard in shards for line in shard.read_text().splitlines()}
+    assert len(answered) == 2  # one batch reached 20 answer tokens
+    files = sorted((out / "prompt-features" / "features").glob("part-*.safetensors"))
+    assert len(files) == 1
+    part = read_features(files[0])
+    assert len(part["starts"]) == 4  # three sequences
+    assert part["answer_starts"].tolist() == part["starts"][1:].tolist()  # every position a prompt position
+    texts = [tiny_tokenizer_decode(tiny_verifier, part["ids"][s:e].tolist())
+             for s, e in zip(part["starts"][:-1].tolist(), part["starts"][1:].tolist())]
+    chosen = [p for p in more if any(p in t for t in texts)]
+    assert len(chosen) == 3 and not set(chosen) & answered
+    info = json.loads((out / "feature-head" / "spectui-tune.json").read_text())
+    answer_positions = sum(int(read_features(f)["starts"][-1]) for f in (out / "features").glob("part-*.safetensors"))
+    assert info["positions"] == answer_positions + int(part["starts"][-1])
+
+    shutil.rmtree(out / "feature-head")
+    stamp = files[0].stat().st_mtime_ns
+    assert CliRunner().invoke(app, [*args, "--resume"], catch_exceptions=False).exit_code == 0
+    assert files[0].stat().st_mtime_ns == stamp  # reused, not recomputed
+
+
+def tiny_tokenizer_decode(folder: Path, ids: list[int]) -> str:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder).decode(ids)
