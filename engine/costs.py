@@ -24,8 +24,11 @@ Where the numbers come from:
    in a JSON file keyed by machine, model, quantisation, device and thread count (`CostKey`), so
    a second start reads them back; any change of key re-measures.
 2. Every real step is an observation: a one-token step joins c1's window, a tree step of T
-   nodes adds ms / c1 to ratio(T)'s window. The load-time values count as one observation each,
-   so real steps take over after a few.
+   nodes adds ms / c1 to ratio(T)'s window. Each window starts with PRIOR copies of the load-time
+   value (for a size the load did not time, the table interpolated there), so one or two wild
+   steps move nothing (a single stalled step at a new size used to set that size's ratio, and
+   through the non-decreasing floor every larger size's, for as long as the process ran: trees
+   that size were no longer chosen, so nothing corrected it), and real steps take over after a few.
 3. Drafting costs are moving averages of measured SSM forwards, seeded at load.
 """
 
@@ -42,6 +45,7 @@ from pathlib import Path
 
 GRID = (1, 2, 4, 8, 16, 32)  # tree sizes timed at load
 WINDOW = 16  # observations per median
+PRIOR = 3  # a window starts with this many copies of the load-time value: one or two wild steps move nothing
 EMA = 0.1  # weight of one new observation in the drafting costs' moving averages
 CACHE_VERSION = 5  # 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
 
@@ -79,10 +83,22 @@ class CostModel:
 
     def __post_init__(self) -> None:
         base = self.verify_table[min(self.verify_table)]
-        self.one_token.append(base)
-        for size, ms in self.verify_table.items():
+        self.one_token.extend([base] * PRIOR)
+        for size in self.verify_table:
             if size > 1:
-                self.ratios.setdefault(size, deque(maxlen=WINDOW)).append(ms / base)
+                self.ratios[size] = self._seeded(size)
+
+    def _seeded(self, size: int) -> deque:
+        """A window for tree size `size`: PRIOR copies of the load-time ratio there (the table's own
+        value, else interpolated between its sizes or extended by its last slope)."""
+        table = sorted(self.verify_table.items())
+        base = table[0][1]
+        if size >= table[-1][0]:
+            (t0, m0), (t1, m1) = table[-2:] if len(table) > 1 else (table[0], table[0])
+        else:
+            (t0, m0), (t1, m1) = next((a, b) for a, b in zip(table, table[1:]) if size <= b[0])
+        ms = m1 if t1 == t0 else m0 + (m1 - m0) * (size - t0) / (t1 - t0)
+        return deque([ms / base] * PRIOR, maxlen=WINDOW)
 
     # ------------------------------------------------------------------ queries
     def curve(self) -> tuple:
@@ -126,7 +142,9 @@ class CostModel:
             self.one_token.append(ms)
         else:
             ratio = ms / self.c1()
-            self.ratios.setdefault(size, deque(maxlen=WINDOW)).append(ratio)
+            if size not in self.ratios:
+                self.ratios[size] = self._seeded(size)
+            self.ratios[size].append(ratio)
         self._curve = None
 
     def observe_draft(self, speculator: str, ms: float) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spectui.engine.acceptance_model import AcceptanceModel, prob_bin
-from spectui.engine.costs import WINDOW, CostKey, CostModel, cache_path
+from spectui.engine.costs import PRIOR, WINDOW, CostKey, CostModel, cache_path
 from spectui.engine.speedup import MAX_AGE, MAX_PREFIX_GAP, MIN_PURE, PureSteps, SpeedupMeter
 
 
@@ -28,6 +28,19 @@ def test_verify_cost_interpolates_extrapolates_and_follows_real_steps():
         costs.observe_verify(6, 2 * 90.0)  # a tree of 6 costs more than the table said: the shape moves
     assert costs.verify(6) == pytest.approx(180)
     assert costs.verify(8) >= costs.verify(6) and costs.verify(1) == pytest.approx(94)  # non-decreasing; c1 kept
+
+
+def test_wild_steps_at_a_new_tree_size_do_not_stick():
+    """A stalled step at a size the load did not time must not set that size's cost (nor, through
+    the non-decreasing curve, every larger size's): trees that size would never be chosen again."""
+    costs = model()
+    before = {t: costs.verify(t) for t in (9, 12, 16)}
+    for _ in range(PRIOR - 1):
+        costs.observe_verify(9, 1500.0)
+    assert {t: costs.verify(t) for t in (9, 12, 16)} == pytest.approx(before)
+    for _ in range(WINDOW):
+        costs.observe_verify(9, 160.0)  # a real change, step after step, still moves it
+    assert costs.verify(9) == pytest.approx(160.0) and costs.verify(16) >= 160.0
 
 
 def test_cache_round_trip_and_key_mismatch(tmp_path):
