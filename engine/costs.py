@@ -29,7 +29,8 @@ Where the numbers come from:
    steps move nothing (a single stalled step at a new size used to set that size's ratio, and
    through the non-decreasing floor every larger size's, for as long as the process ran: trees
    that size were no longer chosen, so nothing corrected it), and real steps take over after a few.
-3. Drafting costs are moving averages of measured SSM forwards, seeded at load.
+3. Drafting costs are moving averages of measured SSM forwards, seeded at load; one forward counts
+   as at most DRAFT_CLIP times the estimate.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ GRID = (1, 2, 4, 8, 16, 32)  # tree sizes timed at load
 WINDOW = 16  # observations per median
 PRIOR = 3  # a window starts with this many copies of the load-time value: one or two wild steps move nothing
 EMA = 0.1  # weight of one new observation in the drafting costs' moving averages
+DRAFT_CLIP = 3.0  # an observed forward counts as at most this many times the estimate
 CACHE_VERSION = 5  # 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
 
 
@@ -148,8 +150,11 @@ class CostModel:
         self._curve = None
 
     def observe_draft(self, speculator: str, ms: float) -> None:
+        """Fold one timed forward into the moving average; a wild one (a stall: up to 30x here) counts
+        as at most DRAFT_CLIP x the estimate, so one does not make a drafter look too dear to run
+        again, while a real rise still moves the estimate within a few steps."""
         old = self.draft_ms.get(speculator)
-        self.draft_ms[speculator] = ms if old is None else old + EMA * (ms - old)
+        self.draft_ms[speculator] = ms if old is None else old + EMA * (min(ms, DRAFT_CLIP * old) - old)
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spectui.engine.acceptance_model import AcceptanceModel, prob_bin
-from spectui.engine.costs import PRIOR, WINDOW, CostKey, CostModel, cache_path
+from spectui.engine.costs import DRAFT_CLIP, EMA, PRIOR, WINDOW, CostKey, CostModel, cache_path
 from spectui.engine.speedup import MAX_AGE, MAX_PREFIX_GAP, MIN_PURE, PureSteps, SpeedupMeter
 
 
@@ -41,6 +41,16 @@ def test_wild_steps_at_a_new_tree_size_do_not_stick():
     for _ in range(WINDOW):
         costs.observe_verify(9, 160.0)  # a real change, step after step, still moves it
     assert costs.verify(9) == pytest.approx(160.0) and costs.verify(16) >= 160.0
+
+
+def test_a_stalled_draft_forward_moves_its_cost_a_little():
+    costs = model()
+    costs.observe_draft("head", 2.5)
+    costs.observe_draft("head", 80.0)  # one stall
+    assert costs.draft("head") == pytest.approx(2.5 + EMA * (DRAFT_CLIP - 1) * 2.5)
+    for _ in range(40):
+        costs.observe_draft("head", 6.0)  # really dearer now: followed
+    assert costs.draft("head") == pytest.approx(6.0, rel=0.02)
 
 
 def test_cache_round_trip_and_key_mismatch(tmp_path):
