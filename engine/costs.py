@@ -52,6 +52,18 @@ DRAFT_CLIP = 3.0  # an observed forward counts as at most this many times the es
 CACHE_VERSION = 5  # 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
 
 
+def interpolate(points: list[tuple[int, float]], size: int) -> float:
+    """Piecewise linear through points [(T, ratio)] (sorted by T, the first at T = 1), extended past
+    the last one by the last slope."""
+    if len(points) == 1:
+        return points[0][1]
+    for (t0, r0), (t1, r1) in zip(points, points[1:]):
+        if size <= t1:
+            return r0 + (r1 - r0) * (size - t0) / (t1 - t0)
+    (t0, r0), (t1, r1) = points[-2], points[-1]
+    return r1 + (r1 - r0) / (t1 - t0) * (size - t1)
+
+
 @dataclass(frozen=True)
 class CostKey:
     """What the measured costs depend on; a cached table is reused only for an equal key."""
@@ -93,14 +105,9 @@ class CostModel:
     def _seeded(self, size: int) -> deque:
         """A window for tree size `size`: PRIOR copies of the load-time ratio there (the table's own
         value, else interpolated between its sizes or extended by its last slope)."""
-        table = sorted(self.verify_table.items())
-        base = table[0][1]
-        if size >= table[-1][0]:
-            (t0, m0), (t1, m1) = table[-2:] if len(table) > 1 else (table[0], table[0])
-        else:
-            (t0, m0), (t1, m1) = next((a, b) for a, b in zip(table, table[1:]) if size <= b[0])
-        ms = m1 if t1 == t0 else m0 + (m1 - m0) * (size - t0) / (t1 - t0)
-        return deque([ms / base] * PRIOR, maxlen=WINDOW)
+        base = self.verify_table[min(self.verify_table)]
+        points = [(t, ms / base) for t, ms in sorted(self.verify_table.items())]
+        return deque([interpolate(points, size)] * PRIOR, maxlen=WINDOW)
 
     # ------------------------------------------------------------------ queries
     def curve(self) -> tuple:
@@ -118,14 +125,7 @@ class CostModel:
 
     def ratio(self, size: int) -> float:
         """c_verify(size) / c1: through the medians of the observed sizes, non-decreasing in size."""
-        points = self.curve()[1]
-        if size <= 1:
-            return 1.0
-        for (t0, r0), (t1, r1) in zip(points, points[1:]):
-            if size <= t1:
-                return r0 + (r1 - r0) * (size - t0) / (t1 - t0)
-        (t0, r0), (t1, r1) = points[-2], points[-1]
-        return r1 + (r1 - r0) / (t1 - t0) * (size - t1)
+        return 1.0 if size <= 1 else interpolate(self.curve()[1], size)
 
     def verify(self, size: int) -> float:
         """Predicted c_verify(size) in ms now."""

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.dense_cpu import bf16_dot, dense
+from ..kernels.dense_cpu import drafter_kernel
 from .lean_model import rms_norm, rotate  # the verifier's own RMSNorm and rotary arithmetic
 
 CONFIG_FILE = "feature_head.json"
@@ -99,11 +99,8 @@ class FeatureHead(nn.Module):
         """Run inference through kernels/dense_cpu.py where it serves this CPU: fp32 weights on AVX2
         without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot): about 2x faster drafting
         there. Training never calls this. True if it does."""
-        make = {torch.float32: dense, torch.bfloat16: bf16_dot}.get(self.fc.weight.dtype)
-        if make is None:
-            return False
-        kernels = {name: make(getattr(self, name).weight, getattr(self, name).bias) for name in LINEARS}
-        kernels["draft"] = make(self.draft_rows)
+        kernels = {name: drafter_kernel(getattr(self, name).weight, getattr(self, name).bias) for name in LINEARS}
+        kernels["draft"] = drafter_kernel(self.draft_rows)
         if any(k is None for k in kernels.values()):
             return False
         self.kernels = kernels

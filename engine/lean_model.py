@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.argmax_head import ArgmaxScreen, screen_supported
-from ..kernels.dense_cpu import bf16_dot, dense
+from ..kernels.dense_cpu import drafter_kernel
 from ..kernels.exact_attention import exact_attention, prepare_mask
 from ..kernels.guarded_head import GuardedHead
 from ..kernels.hf_attention import EXACT_NAME
@@ -80,14 +80,6 @@ def runner_for(model, drafting: bool = False):
     if os.environ.get(ENV_VAR, "auto").strip().lower() != "transformers" and supports(model):
         return LeanModel(model, drafting)
     return CachedModel(model)
-
-
-def drafter_kernel(weight: torch.Tensor):
-    """kernels/dense_cpu.py's product for a drafter's weight [N, H] where it serves this CPU and dtype
-    (fp32 on AVX2 without AVX512-BF16, bf16 on AVX512-BF16), else None."""
-    if weight.dtype == torch.float32:
-        return dense(weight)
-    return bf16_dot(weight) if weight.dtype == torch.bfloat16 else None
 
 
 class Projection:

@@ -80,6 +80,13 @@ def bf16_dot(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Pat
     return None if fn is None else DotKernel(fn, weight, bias)
 
 
+def drafter_kernel(weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """This file's product for a drafter's weight [N, K] where it serves this CPU and dtype: fp32
+    weights on AVX2 without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot); else None."""
+    make = {torch.float32: dense, torch.bfloat16: bf16_dot}.get(weight.dtype)
+    return None if make is None else make(weight, bias)
+
+
 def dot_available() -> bool:
     """bf16_dot serves this CPU: AVX512-BF16, switched on and built (for tests: bf16_dot says it per weight)."""
     return torch.cpu._is_avx512_bf16_supported() and native.get("dense_cpu")[0] is not None
