@@ -229,7 +229,7 @@ class ChatScreen(Screen):
         """alt+up / alt+down: the message above or below the focused one (from the box: the last one);
         below the last message, back to the message box."""
         if not self.query_one(ConversationView).select(delta, self.focused) and delta > 0 and not self.replay:
-            self.query_one(PromptInput).focus()
+            self.set_focus(self.query_one(PromptInput))
 
     def action_browse(self, delta: int) -> None:
         self.query_one(TokenTreeView).action_browse(delta)

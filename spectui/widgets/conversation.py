@@ -194,7 +194,9 @@ class ConversationView(VerticalScroll):
         target = here + delta
         if not 0 <= target < len(blocks):
             return False
-        blocks[target].focus()
+        # Now, not via focus() (a later turn of the loop): a key that came in the same read as
+        # alt+up must already find the message focused.
+        self.screen.set_focus(blocks[target], scroll_visible=False)
         self.scroll_to_widget(blocks[target], animate=False)
         return True
 

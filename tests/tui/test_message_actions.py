@@ -96,6 +96,19 @@ async def test_copy_a_message_and_its_code_blocks_with_their_times(fresh_home):
         assert app.focused is app.chat.query_one("#prompt")  # below the last message: the box again
 
 
+async def test_a_selected_message_has_the_focus_within_the_key(fresh_home):
+    """A key that arrives with alt+up (one read from the terminal) must reach the message: the focus
+    moves inside the action, not on a later turn of the event loop."""
+    seed_history(("Print hi, two ways", ANSWER))
+    app = ChatApp(autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        app.chat.action_select_message(-1)
+        assert app.focused is app.chat.query_one(AnswerBlock)
+        app.chat.action_select_message(1)
+        assert app.focused is app.chat.query_one("#prompt")
+
+
 async def test_an_empty_chat_says_what_the_panel_shows_and_where_help_is(fresh_home):
     app = ChatApp(autoload=False)
     async with app.run_test(size=SIZE) as pilot:
