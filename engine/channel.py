@@ -1,21 +1,12 @@
 """The typed channel between the app and the engine process: one Pipe, one message class each way.
 
-Every message is a small picklable dataclass. Turn-scoped messages carry the turn id the parent
-chose (1, 2, 3, ... per EngineWorker); a reply whose turn is not the one being read is stale
-(left over from a stopped or abandoned turn) and is dropped, never read as the current turn's.
+Every message is a small picklable dataclass (each class below says what it asks or tells).
+Turn-scoped messages carry the turn id the parent chose (1, 2, 3, ... per EngineWorker); a reply
+whose turn is not the one being read is stale (left over from a stopped or abandoned turn) and is
+dropped, never read as the current turn's.
 
-    parent -> child   Chat(turn, system, turns, settings, step_mode)   start a turn
-                      Stop(turn)          end that turn after the current verifier step
-                      Advance(turn)       step mode: go on to that turn's next step
-                      StepMode(on)        pause after every step from now on (or not)
-                      Quit()
-    child -> parent   Progress(stage, fraction)   while loading
-                      Loaded(info) | LoadFailed(reason)
-                      Step(turn, event)           one per verifier step
-                      Done(turn, reply, error)    the end of a turn (reply kept even on error)
-                      Rejected(turn, reason)      the answer to a message the child cannot use
-                                                  (unknown, malformed, a Chat while busy): it
-                                                  says so and keeps serving
+    parent -> child   Chat, Stop, Advance, StepMode, Quit   (TO_CHILD)
+    child -> parent   Progress, Loaded | LoadFailed, Step, Done, Rejected   (TO_PARENT)
 
 Only `receive` unpickles, so garbage on the wire (bytes that do not unpickle, or objects of no
 known class) becomes a `Garbage` value the reader can count and drop, never an exception.
@@ -33,6 +24,8 @@ from .settings import GenerationSettings
 # ---------------------------------------------------------------- parent -> child
 @dataclass(frozen=True)
 class Chat:
+    """Start a turn: answer the last of `turns` (role, content), the user's."""
+
     turn: int
     system: str | None
     turns: tuple[tuple[str, str], ...]  # (role, content), the last one the user's
@@ -41,50 +34,67 @@ class Chat:
 
 
 @dataclass(frozen=True)
-class Stop:
+class TurnOrder:
+    """An order about one turn (a subclass says which); stale when its turn is not the current one."""
+
     turn: int
 
 
-@dataclass(frozen=True)
-class Advance:
-    turn: int
+class Stop(TurnOrder):
+    """End that turn after the current verifier step."""
+
+
+class Advance(TurnOrder):
+    """Step mode: go on to that turn's next verifier step."""
 
 
 @dataclass(frozen=True)
 class StepMode:
+    """Pause after every verifier step from now on (or stop pausing)."""
+
     on: bool
 
 
 @dataclass(frozen=True)
 class Quit:
-    pass
+    """Leave: the child exits its loop."""
 
 
 # ---------------------------------------------------------------- child -> parent
 @dataclass(frozen=True)
 class Progress:
+    """Loading: the stage under way and, where known, how far (0-1)."""
+
     stage: str
     fraction: float | None = None
 
 
 @dataclass(frozen=True)
 class Loaded:
+    """The models are loaded; `info` says what was loaded."""
+
     info: Any  # worker.ModelInfo
 
 
 @dataclass(frozen=True)
 class LoadFailed:
+    """Loading failed; `reason` is one line for the user."""
+
     reason: str
 
 
 @dataclass(frozen=True)
 class Step:
+    """One verifier step of that turn."""
+
     turn: int
     event: StepEvent
 
 
 @dataclass(frozen=True)
 class Done:
+    """The end of a turn: its reply, kept even when `error` says the turn failed."""
+
     turn: int
     reply: str
     error: str | None = None
@@ -92,6 +102,9 @@ class Done:
 
 @dataclass(frozen=True)
 class Rejected:
+    """The answer to a message the child cannot use (unknown, malformed, a Chat while busy):
+    it says so and keeps serving."""
+
     turn: int | None
     reason: str
 
