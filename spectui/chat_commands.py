@@ -14,7 +14,8 @@ import typer
 
 from .data import bench_questions
 from .engine import resolve_model, resolve_ssm
-from .options import DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, friendly_errors, load, text_arg
+from .options import (DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, check_quant, friendly_errors,
+                      load, text_arg)
 
 
 def chat(
@@ -48,6 +49,7 @@ def chat(
             overrides["speculate"] = False
         from .config import Config
 
+        check_quant(quant)
         Config(**overrides).settings(seed)  # the flags first, as generate does, before the screen opens (and saves them)
         if model is not None:  # else the config's, checked when it loads (the app says why it cannot, and ctrl+o picks another)
             resolve_model(model)

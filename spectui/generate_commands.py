@@ -22,7 +22,7 @@ from .engine import (
     preset_rows, remove_cache_entry, tree_text, write_trace,
 )
 from .options import (
-    DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, check_writable, friendly_errors, load,
+    DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, check_quant, check_writable, friendly_errors, load,
     quiet_broken_pipe, text_arg,
 )
 
@@ -224,6 +224,7 @@ def bench(
             raise UsageFailure("--threads must be at least 1")
         merge_policies(merge)  # ValueError with the choices: exit 2 before any model loads
         shape = parse_tree(tree)  # likewise for a bad --tree
+        check_quant(quant)
         if json_out and json_out != "-":
             check_writable(Path(json_out), "--json")  # not after the whole bench
         prompts = prompts or bench_questions()

@@ -58,6 +58,28 @@ def test_bad_generation_flags_exit_2(command, flags, needle, fresh_home):
     assert not (fresh_home / "config").exists()  # refused before the app could save it to the config
 
 
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "/no/such/folder"], "no such file or folder"),
+        (["   ", *NO_MODEL], "prompt is empty"),
+        (["--max-new-tokens", "0", *NO_MODEL], "max-new-tokens"),
+        (["--tree", "2,x", *NO_MODEL], "--tree"),
+        (["--tree", "0,1", *NO_MODEL], "--tree"),
+        (["--quant", "q3", *NO_MODEL], "--quant 'q3': use one of"),
+        (["--merge", "majority", *NO_MODEL], "--merge must be union or vote"),
+    ],
+)
+def test_bad_generate_input_exits_2(args, needle, fresh_home):
+    prompt = [] if args[0].strip() == "" else ["hi"]
+    assert needle in one_line_exit_2(run_cli("generate", *prompt, *args))
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench", "--limit", "1"]])
+def test_an_unknown_quant_is_refused_before_the_model_is_looked_up(command, fresh_home):
+    assert "--quant 'q3': use one of nf4, fp4, int8, none" in one_line_exit_2(run_cli(*command, "--quant", "q3", *NO_MODEL))
+
+
 # bench's and tune's own options; tune's with --out OUT, which must not be created (OUT/tune.log used to be
 # written before --quant bogus failed), some after a model that does not exist (checked before it)
 BAD_OPTIONS = [
