@@ -5,8 +5,11 @@ torch kernels. A UI thread in the same process that lays out and draws takes the
 milliseconds at a time, and every one of those stalls the engine. In its own process the
 engine keeps its core and the UI keeps the other (docs/performance.md, "App throughput").
 
-The child is started with "spawn" (no forked locks or threads), sends nothing to the terminal
-(its stdout and stderr go to a log file) and ignores SIGINT: the parent owns the terminal.
+The child is forked from multiprocessing's fork server (`engine_context`), a fresh interpreter
+that has already imported torch and transformers: no forked locks or threads of the app's, and a
+restart (after a crash, on a model switch) skips their ~4 s of imports. It takes the parent's
+environment as it is when it starts, sends nothing to the terminal (its stdout and stderr go to a
+log file) and ignores SIGINT: the parent owns the terminal.
 
 The parent and the child talk over one typed channel (engine/channel.py): every turn has an
 id, Stop and Advance name the turn they are for, replies of any other turn are dropped as
@@ -84,6 +87,14 @@ def engine_threads(requested: int | None) -> int:
 
 
 # ---------------------------------------------------------------- child side
+def _start(serve: Callable, conn, request: LoadRequest, environment: dict[str, str]) -> None:
+    """The child's entry: the parent's environment of now (the fork server's is that of its own
+    start), then `serve`."""
+    os.environ.clear()
+    os.environ.update(environment)
+    serve(conn, request)
+
+
 def _serve(conn, request: LoadRequest) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_output(request.log_file)
@@ -135,14 +146,31 @@ def _load(conn, request: LoadRequest):
 
 
 # ---------------------------------------------------------------- parent side
-def prepare_engine_process() -> None:
-    """Start multiprocessing's resource tracker now, while sys.stderr is still a real file.
+# what the fork server imports once, so that each engine process starts with them (~4 s a start)
+PRELOAD = ("torch", "transformers.modeling_utils", "transformers.models.llama.modeling_llama", f"{__package__}.loading")
 
-    Spawned children need the tracker, which is spawned with stderr's descriptor; inside a
-    running Textual app stderr is Textual's capture object, and the spawn would fail."""
-    from multiprocessing import resource_tracker
+
+def engine_context():
+    """The multiprocessing context engine processes start in: the fork server where the platform has
+    one (Linux, macOS), else spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    return context
+
+
+def prepare_engine_process() -> None:
+    """Start multiprocessing's resource tracker and the fork server now, while sys.stderr is still a
+    real file (the server imports its modules meanwhile, beside the app's own start).
+
+    Both are spawned with stderr's descriptor; inside a running Textual app stderr is Textual's
+    capture object, and the spawn would fail."""
+    from multiprocessing import forkserver, resource_tracker
 
     resource_tracker.ensure_running()
+    if engine_context().get_start_method() == "forkserver":
+        forkserver.ensure_running()
 
 
 class EngineWorker:
@@ -152,7 +180,7 @@ class EngineWorker:
 
     def __init__(self, request: LoadRequest, serve: Callable = _serve, poll_s: float = 0.1,
                  stop_grace_s: float = 10.0) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = engine_context()
         self.own_log = request.log_file is None
         if self.own_log:
             handle, name = tempfile.mkstemp(prefix="spectui-engine-", suffix=".log")
@@ -162,7 +190,8 @@ class EngineWorker:
         self.log_start = _size(request.log_file)
         self.poll_s, self.stop_grace_s = poll_s, stop_grace_s
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=serve, name="spectui-engine", daemon=True, args=(child_conn, request))
+        self.process = context.Process(target=_start, name="spectui-engine", daemon=True,
+                                       args=(serve, child_conn, request, dict(os.environ)))
         self.process.start()
         child_conn.close()
         self.info: ModelInfo | None = None

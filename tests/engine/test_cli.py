@@ -25,6 +25,15 @@ def spectui(*args, timeout=300):
     return subprocess.run([*SPECTUI, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
 
 
+def in_process(*args, stdin=None):
+    """The CLI in this process (Typer's CliRunner): no interpreter start, for what needs no real process."""
+    from typer.testing import CliRunner
+
+    from spectui.cli import app
+
+    return CliRunner().invoke(app, list(args), input=stdin)
+
+
 def one_clean_line(result):
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr
@@ -76,8 +85,8 @@ def test_bad_input_is_one_line_and_exit_2():
 
 @pytest.mark.slow
 def test_mismatched_ssm_vocabulary_exits_2(embedded_dir, tiny_dirs):
-    result = spectui("generate", "hi", "--ssm", str(tiny_dirs["foreign"]))
-    assert result.returncode == 2
+    result = in_process("generate", "hi", "--ssm", str(tiny_dirs["foreign"]))
+    assert result.exit_code == 2
     assert "vocabulary" in one_clean_line(result)
 
 
@@ -150,8 +159,8 @@ def test_corrupt_gguf_is_a_clear_error_and_leaves_nothing(tmp_path):
 
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(os.urandom(4096))
-    result = spectui("generate", "hi", "--model", str(bad))
-    assert result.returncode == 1
+    result = in_process("generate", "hi", "--model", str(bad))
+    assert result.exit_code == 1
     assert "cannot convert" in one_clean_line(result)
     leftovers = list((paths.models_dir() / "gguf").glob("*")) if (paths.models_dir() / "gguf").exists() else []
     assert leftovers == []
@@ -175,39 +184,42 @@ def test_non_utf8_prompt_is_decoded_with_replacement(tiny_chat_model, tmp_path):
 
 @pytest.mark.parametrize("source", ["file", "stdin"])
 def test_prompt_from_a_file_or_stdin_is_what_the_model_gets(tiny_chat_model, tmp_path, source):
-    """`spectui generate --file PATH` and `... | spectui generate -`: the document, decoded as UTF-8 with
-    replacement, is the prompt (the trace records what the model was given)."""
+    """`spectui generate --file PATH` (in process) and `... | spectui generate -` (a real pipe): the
+    document, decoded as UTF-8 with replacement, is the prompt (the trace records what the model was given)."""
     document = "Summarise:\nThe quarterly report \u2014 revenue rose 4 %.\n".encode() + b"bad byte \xff here\n"
     (tmp_path / "doc.txt").write_bytes(document)
     trace = tmp_path / "t.jsonl"
-    args = ["--file", str(tmp_path / "doc.txt")] if source == "file" else ["-"]
-    result = subprocess.run(
-        [*SPECTUI, "generate", *args, "--model", str(tiny_chat_model), "--quant", "none", "--device", "cpu",
-         "--max-new-tokens", "3", "--no-spec", "--trace", str(trace)],
-        input=document if source == "stdin" else b"", capture_output=True, timeout=300, env=os.environ.copy(),
-    )
-    stderr = result.stderr.decode("utf-8", "replace")
-    assert result.returncode == 0, stderr
+    args = ["--model", str(tiny_chat_model), "--quant", "none", "--device", "cpu", "--max-new-tokens", "3", "--no-spec",
+            "--trace", str(trace)]
+    if source == "file":
+        result = in_process("generate", "--file", str(tmp_path / "doc.txt"), *args)
+        code, stderr = result.exit_code, result.stderr
+    else:
+        result = subprocess.run([*SPECTUI, "generate", "-", *args], input=document, capture_output=True, timeout=300,
+                                env=os.environ.copy())
+        code, stderr = result.returncode, result.stderr.decode("utf-8", "replace")
+    assert code == 0, stderr
     assert "Traceback" not in stderr and "reading the prompt" not in stderr  # the hint is for a terminal only
     info, events = read_trace(trace)
     assert info.prompt == document.decode("utf-8", "replace") and "\ufffd here" in info.prompt
     assert sum(len(e.new_tokens) for e in events) == 3
 
 
-@pytest.mark.parametrize("flags", [[], ["--json"]])
-def test_closed_stdout_exits_quietly_with_141(tiny_chat_model, flags):
-    """`spectui generate ... | head -c1`: the reader takes one byte and goes; no traceback, no error line."""
-    proc = subprocess.Popen(
+def test_closed_stdout_exits_quietly_with_141(tiny_chat_model):
+    """`spectui generate ... | head -c1`, as text and as --json: the reader takes one byte and goes; no
+    traceback, no error line. (The two processes run side by side: each is mostly its interpreter's start.)"""
+    procs = [subprocess.Popen(
         [*SPECTUI, "generate", "hi", "--model", str(tiny_chat_model), "--quant", "none", "--device", "cpu",
          "--max-new-tokens", "200", "--no-spec", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy(),
-    )
-    assert proc.stdout.read(1)  # the answer streams (199 more steps to come)
-    proc.stdout.close()  # as head -c1 exits
-    err = proc.stderr.read().decode("utf-8", "replace")
-    assert proc.wait(timeout=120) == 141, err
-    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
-    assert "tokens/s" not in err  # the summary line is not printed for an answer nobody reads
+    ) for flags in ([], ["--json"])]
+    for proc in procs:
+        assert proc.stdout.read(1)  # the answer streams (199 more steps to come)
+        proc.stdout.close()  # as head -c1 exits
+        err = proc.stderr.read().decode("utf-8", "replace")
+        assert proc.wait(timeout=120) == 141, err
+        assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+        assert "tokens/s" not in err  # the summary line is not printed for an answer nobody reads
 
 
 def test_a_model_folder_without_a_chat_template_generates_with_the_plain_one(tiny_dirs, tmp_path):
@@ -220,8 +232,8 @@ def test_a_model_folder_without_a_chat_template_generates_with_the_plain_one(tin
     models = load_models(resolve_model(str(tiny_dirs["verifier"])), quant="none", device="cpu")
     assert models.chat_template == PLAIN_CHAT_TEMPLATE
     trace = tmp_path / "t.jsonl"
-    result = spectui("generate", "hello there", "--model", str(tiny_dirs["verifier"]), "--quant", "none",
-                     "--device", "cpu", "--max-new-tokens", "3", "--no-spec", "--trace", str(trace))
-    assert result.returncode == 0, result.stderr
+    result = in_process("generate", "hello there", "--model", str(tiny_dirs["verifier"]), "--quant", "none",
+                        "--device", "cpu", "--max-new-tokens", "3", "--no-spec", "--trace", str(trace))
+    assert result.exit_code == 0, result.output
     _, events = read_trace(trace)
     assert sum(len(e.new_tokens) for e in events) == 3

@@ -36,6 +36,18 @@ def kill(app) -> int:
     return pid
 
 
+def screens_pushed(app) -> list[type]:
+    """From now on, the class of every screen the app pushes, in order."""
+    pushed, push = [], app.push_screen
+
+    def recording(screen, *args, **kwargs):
+        pushed.append(type(screen))
+        return push(screen, *args, **kwargs)
+
+    app.push_screen = recording
+    return pushed
+
+
 async def recover(app, pilot, starts: int) -> None:
     """After a death: one notice, no traceback; ctrl+e starts exactly one new engine."""
     await wait_for(pilot, lambda: app.link.state == "dead" and not app.generating, 30, "the death to be noticed")
@@ -44,9 +56,11 @@ async def recover(app, pilot, starts: int) -> None:
     assert "engine process exited (killed by SIGKILL)" in notice and "ctrl+e restarts" in notice
     assert "Traceback" not in notice and "\n" not in notice.strip()
     assert app.chat.status.state == "engine stopped" and app.is_running
+    shown = screens_pushed(app)
     await pilot.press("ctrl+e")
-    assert isinstance(app.screen, LoadingScreen)
-    app.action_restart_engine()  # Retry pressed again while loading: no second engine
+    assert shown == [LoadingScreen]  # (a restart can be over before the press returns: engines fork ready-imported)
+    del app.push_screen  # the class's own again
+    app.action_restart_engine()  # Retry pressed again while loading (or once loaded): no second engine
     app.action_restart_engine()
     assert app.link.starts == starts + 1
     # the link turns ready in its thread, then the app leaves the loading screen on ModelsLoaded: wait for both

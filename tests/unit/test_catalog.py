@@ -9,8 +9,6 @@ GGUF), with files of known sizes.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -62,18 +60,21 @@ def test_remove_by_name_or_by_preset(cache):
 
 
 def test_models_command_lists_and_removes(tmp_path):
+    """In process (test_cli runs `spectui models --json` as a real process)."""
+    from typer.testing import CliRunner
+
     from spectui import paths
+    from spectui.cli import app
 
     models_dir = paths.models_dir()
     write(models_dir / "gguf" / "throwaway-1-2" / "model.safetensors", 1234)
-    cli = [sys.executable, "-m", "spectui.cli", "models"]
-    listed = subprocess.run(cli, capture_output=True, text=True, env=os.environ.copy(), timeout=120)
-    assert listed.returncode == 0 and "throwaway-1-2" in listed.stdout and "1.2 kB" in listed.stdout
-    removed = subprocess.run([*cli, "--remove", "throwaway-1-2"], capture_output=True, text=True, env=os.environ.copy(), timeout=120)
-    assert removed.returncode == 0 and removed.stdout.startswith("removed throwaway-1-2 (1.2 kB")
+    listed = CliRunner().invoke(app, ["models"])
+    assert listed.exit_code == 0 and "throwaway-1-2" in listed.stdout and "1.2 kB" in listed.stdout
+    removed = CliRunner().invoke(app, ["models", "--remove", "throwaway-1-2"])
+    assert removed.exit_code == 0 and removed.stdout.startswith("removed throwaway-1-2 (1.2 kB")
     assert not (models_dir / "gguf" / "throwaway-1-2").exists()
-    again = subprocess.run([*cli, "--remove", "throwaway-1-2"], capture_output=True, text=True, env=os.environ.copy(), timeout=120)
-    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1 and "Traceback" not in again.stderr
+    again = CliRunner().invoke(app, ["models", "--remove", "throwaway-1-2"])
+    assert again.exit_code == 2 and len(again.stderr.strip().splitlines()) == 1 and "Traceback" not in again.output
 
 
 def test_the_model_picker_lists_what_spectui_models_lists(cache):
