@@ -103,8 +103,10 @@ def cache_entries(models_dir: Path) -> list[dict]:
 
     kinds: "embedded" (the converted default, named by its preset), "wheel" (the package kept for
     offline rebuilds of it, "<preset>-wheel"), "hub" (a hub repository, "org/name", every snapshot),
-    "gguf" (a user's converted .gguf, named by its folder)."""
+    "gguf" (a user's converted .gguf, named by its folder), "quantized" (a model's 4-bit copy,
+    engine/quantized_cache.py, "quantized/<folder>")."""
     from .embedded import EMBEDDED_NAME, SOURCES_DIR, embedded_model_dir
+    from .quantized_cache import FOLDER as QUANTIZED, MARKER
 
     root = Path(models_dir)
     found = []
@@ -117,6 +119,8 @@ def cache_entries(models_dir: Path) -> list[dict]:
     for folder in sorted((root / "gguf").iterdir() if (root / "gguf").is_dir() else []):
         if folder.is_dir() and not folder.name.startswith("."):
             found.append((folder.name, "gguf", folder))
+    for marker in sorted((root / QUANTIZED).glob(f"*/{MARKER}")):
+        found.append((f"{QUANTIZED}/{marker.parent.name}", "quantized", marker.parent))
     entries = [{"name": name, "kind": kind, "path": str(path), "bytes": folder_bytes(path)} for name, kind, path in found]
     return sorted(entries, key=lambda e: -e["bytes"])
 
@@ -127,9 +131,11 @@ class CacheEntryError(ValueError):
 
 def remove_cache_entry(models_dir: Path, name: str) -> dict:
     """Delete the cache entry `name` (a name cache_entries gives, or a preset whose verifier is
-    cached under another name); returns the removed entry. The next start that needs it downloads,
-    converts or rebuilds it again."""
+    cached under another name) and the quantized copies made from it; returns the removed entry.
+    The next start that needs it downloads, converts or rebuilds it again."""
     import shutil
+
+    from .quantized_cache import FOLDER as QUANTIZED, copies_of
 
     entries = cache_entries(models_dir)
     preset = PRESETS.get(name)
@@ -140,8 +146,11 @@ def remove_cache_entry(models_dir: Path, name: str) -> dict:
         raise CacheEntryError(f"no cached model named {name!r} (cached: {names})")
     entry = matches[0]
     path = Path(entry["path"])
+    copies = copies_of(Path(models_dir) / QUANTIZED, path) if entry["kind"] != "quantized" else []
     if path.is_dir():
         shutil.rmtree(path)
     else:
         path.unlink()
+    for copy in copies:
+        shutil.rmtree(copy, ignore_errors=True)
     return entry

@@ -6,7 +6,8 @@ local .gguf files (converted likewise), and hub ids (downloaded into the model c
 revision engine/presets.py pins). The model cache is a folder the caller names (`models_dir`; the
 app's is spectui.paths.models_dir()); without one, only local folders and bundled SSMs load. Cache
 entries are checked against their marker at every load (engine/embedded.py's marker helpers); a
-damaged one is deleted and fetched or converted again. Before anything generates, every SSM must
+damaged one is deleted and fetched or converted again. A 4-bit verifier on the CPU is quantized
+once and read back after (engine/quantized_cache.py). Before anything generates, every SSM must
 share the verifier's vocabulary.
 """
 
@@ -30,6 +31,7 @@ from .cache_health import (  # noqa: F401 (part of this module's API)
 )
 from .feature_head import FeatureHead, is_feature_head
 from .presets import BUNDLED, EMBEDDED, Preset, hub_revision
+from .quantized_cache import FOLDER as QUANTIZED_DIR, load_quantized
 
 QUANTS = ("nf4", "fp4", "int8", "none")
 Progress = Callable[[str, float | None], None]
@@ -236,21 +238,28 @@ def load_drafter(folder: Path, device: str):
 
 
 def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "sdpa", dtype: torch.dtype | None = None,
-                   kernel_dir: Path | None = None):
+                   kernel_dir: Path | None = None, quantized_dir: Path | None = None):
     """A causal LM as the engine runs it. On CPU with the exact attention, the output layer becomes a
     GuardedHead and, where bitsandbytes has no fused kernel for this CPU, 4-bit layers compute with
     kernels/nf4_cpu.py (compiled into `kernel_dir`; None: a temporary folder); `model.spectui_4bit`
-    says which path their 4-bit layers take."""
+    says which path their 4-bit layers take. A 4-bit model on the CPU is quantized once and kept in
+    `quantized_dir` (engine/quantized_cache.py; None: quantized at every load)."""
     from transformers import AutoModelForCausalLM
 
     if dtype is None:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
     kwargs = dict(dtype=dtype, attn_implementation=attn, device_map=device)
     config = quant_config(quant, device)
-    if config is not None:
-        kwargs["quantization_config"] = config
+
+    def load(path: Path, quantize: bool):
+        extra = {"quantization_config": config} if quantize and config is not None else {}
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs, **extra)
+
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        if quant in ("nf4", "fp4") and device == "cpu":
+            model = load_quantized(folder, quant, dtype, quantized_dir, load)
+        else:
+            model = load(folder, True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"cannot load model from {folder}: {reason}") from None
@@ -325,7 +334,8 @@ def load_models(
     folder = locate(preset.verifier, models_dir, progress)
     note(f"loading verifier ({quant})", None)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    verifier = load_causal_lm(folder, device, quant, attn, kernel_dir=Path(models_dir) / "kernels" if models_dir else None)
+    verifier = load_causal_lm(folder, device, quant, attn, kernel_dir=Path(models_dir) / "kernels" if models_dir else None,
+                              quantized_dir=Path(models_dir) / QUANTIZED_DIR if models_dir else None)
     if hasattr(verifier, "spectui_4bit"):
         note(f"4-bit layers: {verifier.spectui_4bit}", None)
     ssms = []

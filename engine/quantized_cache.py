@@ -1,0 +1,97 @@
+"""Quantized copies of a model in the model cache: quantize once, load the 4-bit weights after.
+
+bitsandbytes quantizes a model's weights on every load (on CPU about 2 s of a 6 s start for the
+embedded 135M model, ~15 ms per million weights), and the result depends only on the weights, the
+quantization and the library versions. So the first load on the CPU writes the quantized model
+(`save_pretrained`: packed 4-bit weights, their quantization state, the unquantized rest) to
+
+    models_dir/quantized/<source folder name>-<quant>-<key>/
+
+and later loads read it back (0.6 s here): the same tensors, bit for bit (tests/engine/
+test_quantized_cache.py compares state dicts and logits). The key hashes what the result depends
+on: the source folder's path and its weight and config files (size and mtime), the quantization,
+the compute dtype and the versions of bitsandbytes and transformers. A copy whose marker is missing
+(half written) or which fails to load is quantized and written again; writing a new copy removes
+older copies of the same source and quantization. Writing is best effort: a cache that cannot be
+written costs only the time saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+FOLDER = "quantized"  # under the model cache
+MARKER = "spectui-quantized.json"  # written last: the copy is complete
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def cache_key(folder: Path, quant: str, dtype) -> str:
+    """12 hex digits naming what a quantized copy of `folder` depends on."""
+    import bitsandbytes
+    import transformers
+
+    parts = [str(Path(folder).resolve()), quant, str(dtype), bitsandbytes.__version__, transformers.__version__]
+    for path in sorted(Path(folder).iterdir()):
+        if path.suffix in WEIGHT_SUFFIXES or path.name == "config.json":
+            stat = path.stat()
+            parts.append(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def copies_of(root: Path, source: Path, quant: str | None = None) -> list[Path]:
+    """The complete quantized copies under `root` made from `source` or a folder inside it (a hub
+    repository's snapshots), of `quant` or any."""
+    source, found = Path(source).resolve(), []
+    for marker in sorted(Path(root).glob(f"*/{MARKER}")):
+        try:
+            info = json.loads(marker.read_text(encoding="utf-8"))
+            made_from = Path(info["source"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if (made_from == source or source in made_from.parents) and quant in (None, info.get("quant")):
+            found.append(marker.parent)
+    return found
+
+
+def load_quantized(folder: Path, quant: str, dtype, root: Path | None, load: Callable[[Path, bool], object]):
+    """The model of `folder` quantized with `quant`: `load(path, quantize)` from the copy under `root`
+    when there is a sound one (quantize=False), else from `folder` (quantize=True), then kept there."""
+    if root is None:
+        return load(folder, True)
+    key = cache_key(folder, quant, dtype)
+    copy = Path(root) / f"{Path(folder).name}-{quant}-{key}"
+    if (copy / MARKER).is_file():
+        try:
+            return load(copy, False)
+        except Exception:  # noqa: BLE001 - a damaged copy: quantize again and replace it
+            shutil.rmtree(copy, ignore_errors=True)
+    model = load(folder, True)
+    keep(model, folder, quant, key, copy)
+    return model
+
+
+def keep(model, source: Path, quant: str, key: str, copy: Path) -> None:
+    """Write `model` to `copy` (through a temporary folder beside it, renamed when complete) and
+    remove older copies of the same source and quantization; any failure leaves no copy."""
+    work = None
+    try:
+        stale = copies_of(copy.parent, source, quant) if copy.parent.is_dir() else []
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".quantize-", dir=copy.parent))
+        model.save_pretrained(work / "model")
+        info = {"source": str(Path(source).resolve()), "quant": quant, "key": key}
+        (work / "model" / MARKER).write_text(json.dumps(info), encoding="utf-8")
+        for old in stale:
+            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(copy, ignore_errors=True)
+        (work / "model").rename(copy)
+    except Exception:  # noqa: BLE001 - best effort (a full disk, a format save_pretrained refuses): no copy
+        pass
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
