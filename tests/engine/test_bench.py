@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from spectui.bench import (
     RERUN_BELOW,
@@ -179,15 +180,28 @@ def chat_verifier(tiny_dirs, embedded_dir, tmp_path_factory) -> Path:
     return folder
 
 
-def test_cli_bench_writes_report(chat_verifier, tmp_path):
+@pytest.fixture
+def torch_threads():
+    """torch's thread count as it was before the test (bench --threads sets it for the process)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_cli_bench_writes_report(chat_verifier, tmp_path, torch_threads):
+    """In process (Typer's CliRunner); the slow tests below run `spectui bench` as a real process."""
+    from typer.testing import CliRunner
+
+    from spectui.cli import app
+
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"turns": ["Repeat: red green blue red green blue"], "category": "repeat"}\n{"turns": ["Hi"]}\n')
     out = tmp_path / "bench.json"
-    result = spectui(
+    result = CliRunner().invoke(app, [
         "bench", "--model", str(chat_verifier), "--quant", "none", "--prompts", str(prompts), "--limit", "1",
         "--max-new-tokens", "4", "--threads", "1", "--merge", "union", "--json", str(out),
-    )
-    assert result.returncode == 0, result.stderr
+    ])
+    assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["threads"] == 1 and report["prompts"] == 1 and report["max_new_tokens"] == 4
     assert report["tree"] == "auto" and report["fixed_tree"] == "1,1,1" and report["hf_assistant"] is None

@@ -38,6 +38,7 @@ def test_gpu_random_cases_run_interpreted_on_cpu():
     assert 0 < stats["max_tol_ratio"] <= 1.0 and set(stats["max_abs_err"]) == {"float16", "bfloat16"}
 
 
+@pytest.mark.slow  # a process compiling three kernels: ~6 s of the quick loop
 def test_kernels_compile_for_sm90_without_a_gpu():
     import triton
 

@@ -82,6 +82,7 @@ def test_reference_matches_brute_force_loop(parents, P, heads, D, seed):
 
 # ---------------------------------------------------------------- kernel vs reference
 
+@pytest.mark.slow  # the Triton interpreter: ~12 s of the quick loop
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @settings(FAST, max_examples=20)
 @given(data=st.data(), B=st.integers(1, 2), heads=st.sampled_from([(2, 2), (4, 2), (8, 1)]),
