@@ -104,9 +104,9 @@ def cache_entries(models_dir: Path) -> list[dict]:
     kinds: "embedded" (the converted default, named by its preset), "wheel" (the package kept for
     offline rebuilds of it, "<preset>-wheel"), "hub" (a hub repository, "org/name", every snapshot),
     "gguf" (a user's converted .gguf, named by its folder), "quantized" (a model's 4-bit copy,
-    engine/quantized_cache.py, "quantized/<folder>")."""
+    engine/quantization.py, "quantized/<folder>")."""
     from .embedded import EMBEDDED_NAME, SOURCES_DIR, embedded_model_dir
-    from .quantized_cache import FOLDER as QUANTIZED, MARKER
+    from .quantization import FOLDER as QUANTIZED, MARKER
 
     root = Path(models_dir)
     found = []
@@ -135,7 +135,7 @@ def remove_cache_entry(models_dir: Path, name: str) -> dict:
     The next start that needs it downloads, converts or rebuilds it again."""
     import shutil
 
-    from .quantized_cache import FOLDER as QUANTIZED, copies_of
+    from .quantization import FOLDER as QUANTIZED, copies_of
 
     entries = cache_entries(models_dir)
     preset = PRESETS.get(name)

@@ -7,7 +7,7 @@ revision engine/presets.py pins). The model cache is a folder the caller names (
 app's is spectui.paths.models_dir()); without one, only local folders and bundled SSMs load. Cache
 entries are checked against their marker at every load (engine/embedded.py's marker helpers); a
 damaged one is deleted and fetched or converted again. A 4-bit verifier on the CPU is quantized
-once and read back after (engine/quantized_cache.py). Before anything generates, every SSM must
+once and read back after (engine/quantization.py). Before anything generates, every SSM must
 share the verifier's vocabulary.
 """
 
@@ -31,7 +31,7 @@ from .cache_health import (  # noqa: F401 (part of this module's API)
 )
 from .feature_head import FeatureHead, is_feature_head
 from .presets import BUNDLED, EMBEDDED, Preset, hub_revision
-from .quantized_cache import FOLDER as QUANTIZED_DIR, load_quantized
+from .quantization import FOLDER as QUANTIZED_DIR, keep_fp32_compute, load_quantized, quant_config
 
 QUANTS = ("nf4", "fp4", "int8", "none")
 Progress = Callable[[str, float | None], None]
@@ -198,34 +198,6 @@ def convert_user_gguf(gguf: Path, models_dir: Path, progress: Progress | None = 
     return folder
 
 
-def keep_fp32_compute(model) -> None:
-    """Run 4-bit layers through dequantise + fp32 matmul on CPU.
-
-    On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights at the first forward and then
-    computes in bf16 whatever compute dtype was asked for (3-6x faster than dequantising every
-    weight to fp32 on every forward). Rounding activations to bf16 magnifies any difference in
-    the last bits between a tree pass and a one-token pass, and SDPA has such differences, so
-    near-ties would flip. With the "exact" attention there are none (kernels/exact_attention.py)
-    and the fused path stays; any other attention keeps this fp32 path.
-    """
-    import bitsandbytes as bnb
-
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            module.support_avx512bf16_for_cpu = False
-
-
-def quant_config(quant: str, device: str):
-    from transformers import BitsAndBytesConfig
-
-    compute = torch.bfloat16 if device == "cuda" else torch.float32
-    if quant in ("nf4", "fp4"):
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant, bnb_4bit_compute_dtype=compute)
-    if quant == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return None
-
-
 def drafter_dtype(device: str) -> torch.dtype:
     """bf16 on CUDA and AVX512-BF16 CPUs, else fp32: a drafter need not be exact, only cheap (here a
     bf16 SSM forward takes 1.3 ms against 3.4-4.6 ms in fp32, mostly its 49k-row output layer)."""
@@ -243,7 +215,7 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
     GuardedHead and, where bitsandbytes has no fused kernel for this CPU, 4-bit layers compute with
     kernels/nf4_cpu.py (compiled into `kernel_dir`; None: a temporary folder); `model.spectui_4bit`
     says which path their 4-bit layers take. A 4-bit model on the CPU is quantized once and kept in
-    `quantized_dir` (engine/quantized_cache.py; None: quantized at every load)."""
+    `quantized_dir` (engine/quantization.py; None: quantized at every load)."""
     from transformers import AutoModelForCausalLM
 
     if dtype is None:
@@ -255,11 +227,9 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         extra = {"quantization_config": config} if quantize and config is not None else {}
         return AutoModelForCausalLM.from_pretrained(path, **kwargs, **extra)
 
+    kept = quantized_dir if quant in ("nf4", "fp4") and device == "cpu" else None  # CUDA quantizes in no time
     try:
-        if quant in ("nf4", "fp4") and device == "cpu":
-            model = load_quantized(folder, quant, dtype, quantized_dir, load)
-        else:
-            model = load(folder, True)
+        model = load_quantized(folder, quant, dtype, kept, load)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"cannot load model from {folder}: {reason}") from None

@@ -29,7 +29,7 @@ import asyncio, json, multiprocessing, shutil, sys, time
 began = time.monotonic()
 from spectui import paths
 from spectui.engine import worker
-from spectui.engine.quantized_cache import FOLDER
+from spectui.engine.quantization import FOLDER
 from spectui.engine.worker import EngineWorker, LoadRequest, prepare_engine_process
 
 
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     args = parser.parse_args()
     from spectui import paths
-    from spectui.engine.quantized_cache import FOLDER
+    from spectui.engine.quantization import FOLDER
 
     quantized = paths.models_dir() / FOLDER
     aside = Path(tempfile.mkdtemp(prefix="quantized-aside-"))

@@ -1,4 +1,5 @@
-"""Quantized copies of a model in the model cache: quantize once, load the 4-bit weights after.
+"""Quantization of the verifier: bitsandbytes' config for a --quant, its compute path on the CPU, and
+quantized copies in the model cache (quantize once, load the 4-bit weights after).
 
 bitsandbytes quantizes a model's weights on every load (on CPU about 2 s of a 6 s start for the
 embedded 135M model, ~15 ms per million weights), and the result depends only on the weights, the
@@ -8,7 +9,7 @@ quantization and the library versions. So the first load on the CPU writes the q
     models_dir/quantized/<source folder name>-<quant>-<key>/
 
 and later loads read it back (0.6 s here): the same tensors, bit for bit (tests/engine/
-test_quantized_cache.py compares state dicts and logits). The key hashes what the result depends
+test_quantization.py compares state dicts and logits). The key hashes what the result depends
 on: the source folder's path and its weight and config files (size and mtime), the quantization,
 the compute dtype and the versions of bitsandbytes and transformers. A copy whose marker is missing
 (half written) or which fails to load is quantized and written again; writing a new copy removes
@@ -24,6 +25,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 FOLDER = "quantized"  # under the model cache
 MARKER = "spectui-quantized.json"  # written last: the copy is complete
@@ -95,3 +98,31 @@ def keep(model, source: Path, quant: str, key: str, copy: Path) -> None:
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def keep_fp32_compute(model) -> None:
+    """Run 4-bit layers through dequantise + fp32 matmul on CPU.
+
+    On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights at the first forward and then
+    computes in bf16 whatever compute dtype was asked for (3-6x faster than dequantising every
+    weight to fp32 on every forward). Rounding activations to bf16 magnifies any difference in
+    the last bits between a tree pass and a one-token pass, and SDPA has such differences, so
+    near-ties would flip. With the "exact" attention there are none (kernels/exact_attention.py)
+    and the fused path stays; any other attention keeps this fp32 path.
+    """
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
+def quant_config(quant: str, device: str):
+    from transformers import BitsAndBytesConfig
+
+    compute = torch.bfloat16 if device == "cuda" else torch.float32
+    if quant in ("nf4", "fp4"):
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant, bnb_4bit_compute_dtype=compute)
+    if quant == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return None

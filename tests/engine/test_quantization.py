@@ -1,4 +1,4 @@
-"""The model cache's quantized copies (engine/quantized_cache.py) on a tiny random LLaMA: the second
+"""The model cache's quantized copies (engine/quantization.py) on a tiny random LLaMA: the second
 load reads the copy and gets the same tensors and logits, bit for bit; a damaged copy or a changed
 source is quantized again; an unwritable cache only costs time; `spectui models` lists the copies
 and removing a model removes its copies."""
@@ -14,7 +14,7 @@ import torch
 
 from spectui.engine.catalog import cache_entries, remove_cache_entry
 from spectui.engine.loading import load_causal_lm
-from spectui.engine.quantized_cache import FOLDER, MARKER, copies_of
+from spectui.engine.quantization import FOLDER, MARKER, copies_of
 
 
 @pytest.fixture
