@@ -7,7 +7,8 @@ engine keeps its core and the UI keeps the other (docs/performance.md, "App thro
 
 The child is forked from multiprocessing's fork server (`engine_context`), a fresh interpreter
 that has already imported torch and transformers: no forked locks or threads of the app's, and a
-restart (after a crash, on a model switch) skips their ~4 s of imports. It takes the parent's
+restart (after a crash, on a model switch) skips their ~4 s of imports; the server's output goes
+to /dev/null, never to the app's terminal. The child takes the parent's
 environment as it is when it starts, sends nothing to the terminal (its stdout and stderr go to a
 log file) and ignores SIGINT: the parent owns the terminal.
 
@@ -21,9 +22,11 @@ A dead worker stays dead: restarting is the caller's choice (a new EngineWorker)
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -170,7 +173,31 @@ def prepare_engine_process() -> None:
 
     resource_tracker.ensure_running()
     if engine_context().get_start_method() == "forkserver":
-        forkserver.ensure_running()
+        with _output_to_devnull():  # what its imports print must not reach the app's terminal
+            forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _output_to_devnull():
+    """Descriptors 1 and 2 on /dev/null meanwhile: a process spawned now inherits them, not the terminal."""
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # closed descriptors: nothing to protect
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):  # what is buffered goes out first, to the terminal
+        if stream is not None:
+            stream.flush()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
 
 
 class EngineWorker:

@@ -125,3 +125,33 @@ def test_the_raw_channel_names_the_turn_in_every_reply():
         assert isinstance(rejected, Rejected) and "malformed" in rejected.reason
         assert worker.process.is_alive()
 
+
+def test_what_the_fork_server_prints_never_reaches_the_terminal(tmp_path):
+    """The server imports its modules while the app draws: a module that prints at import (as
+    bitsandbytes warns) must not write on the app's terminal. A real process, its output captured."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    marker = tmp_path / "imported"
+    (tmp_path / "noisy.py").write_text(f"import sys\nprint('noise on stdout')\nprint('noise on stderr', file=sys.stderr)\n"
+                                       f"open({str(marker)!r}, 'w').close()\n")
+    script = tmp_path / "start.py"
+    script.write_text(f"""import sys
+sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).parent)!r}]
+from fake_engine import serve
+from spectui.engine import worker
+worker.PRELOAD = (*worker.PRELOAD, "noisy")
+if __name__ == "__main__":
+    worker.prepare_engine_process()
+    engine = worker.EngineWorker(worker.LoadRequest("fake"), serve=serve)
+    engine.wait_loaded()
+    engine.close()
+    print("ready")
+""")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # the server's sys.path: Python 3.11's ignores the parent's
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()  # the server did import it
+    assert result.stdout == "ready\n" and "noise" not in result.stderr, (result.stdout, result.stderr)
