@@ -19,7 +19,7 @@ Load      load_engine(model, ssms, quant, device, progress, cost_cache, models_d
           and remove_cache_entry(models_dir, name) (`spectui models`); model_choices(models_dir) and
           speculator_choices(model, models_dir) (the app's model picker), choose_speculators (a preset with
           other speculators; load_engine's `speculators`);
-          QUANTS and pick_device (--quant / --device, checked before loading).
+          QUANTS, check_quant and pick_device (--quant / --device, checked before loading).
 Generate  SpeculativeEngine.generate(prompt ids, GenerationSettings) yields StepEvents; Conversation
           (history, chat template, context budget) and chat_turn (one assistant turn of it);
           encode_chat; GenerationSettings with parse_tree / tree_text and DEFAULT_TREE, DEFAULT_MERGE.
@@ -34,7 +34,7 @@ Files     private_dir, write_private: folders 0700, atomic 0600 files (the engin
           reader of bench, tune and tune-eval.
 
 Importing this package is cheap: the names that need torch (load_engine, load_models, LoadedModels,
-ModelLoadError, QUANTS, pick_device, SpeculativeEngine, AttentionBackendError) load on first use.
+ModelLoadError, QUANTS, check_quant, pick_device, SpeculativeEngine, AttentionBackendError) load on first use.
 """
 
 from importlib import import_module
@@ -49,7 +49,7 @@ from .settings import DEFAULT_MERGE, DEFAULT_TREE, GenerationSettings, parse_tre
 from .worker import EngineDied, EngineWorker, LoadRequest, WorkerError, engine_threads, prepare_engine_process
 
 _LAZY = {  # module -> the names it gives; these modules import torch, so they load on first use (PEP 562)
-    ".loading": ("LoadedModels", "ModelLoadError", "QUANTS", "load_engine", "load_models", "pick_device"),
+    ".loading": ("LoadedModels", "ModelLoadError", "QUANTS", "check_quant", "load_engine", "load_models", "pick_device"),
     ".speculative": ("SpeculativeEngine",),
     "..kernels": ("AttentionBackendError",),
 }

@@ -86,6 +86,12 @@ class LoadedModels:
         return ids
 
 
+def check_quant(quant: str) -> None:
+    """ModelLoadError (a usage error) for a --quant the engine does not know."""
+    if quant not in QUANTS:
+        raise ModelLoadError(f"--quant {quant!r}: use one of {', '.join(QUANTS)}", usage=True)
+
+
 def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -294,8 +300,7 @@ def load_models(
     from ..kernels.backend import resolve_backend
 
     silence_library_noise()
-    if quant not in QUANTS:
-        raise ModelLoadError(f"--quant {quant!r}: use one of {', '.join(QUANTS)}", usage=True)
+    check_quant(quant)
     device = pick_device(device)
     backend = resolve_backend(torch.device(device))
     attn = register_tree_attention(backend)

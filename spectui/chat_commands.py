@@ -14,8 +14,7 @@ import typer
 
 from .data import bench_questions
 from .engine import resolve_model, resolve_ssm
-from .options import (DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, check_quant, friendly_errors,
-                      load, text_arg)
+from .options import DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, friendly_errors, load, text_arg
 
 
 def chat(
@@ -48,6 +47,8 @@ def chat(
         if no_spec:
             overrides["speculate"] = False
         from .config import Config
+
+        from .engine import check_quant
 
         check_quant(quant)
         Config(**overrides).settings(seed)  # the flags first, as generate does, before the screen opens (and saves them)
@@ -96,11 +97,13 @@ def tui_bench(
     import json
 
     from .bench import read_prompts
+    from .engine import check_quant
     from .tui_bench import compare
 
     with friendly_errors():
         if limit < 1 or rounds < 1 or max_new_tokens < 1 or (engine_threads is not None and engine_threads < 1):
             raise UsageFailure("--limit, --rounds, --max-new-tokens and --engine-threads must be at least 1")
+        check_quant(quant)
         texts = read_prompts(prompts or bench_questions(), limit)
         models, engine = load(model, ssm, quant, device)
         report = compare(models, engine, dict(model=model, ssms=tuple(ssm or ()), quant=quant, device=device, engine_threads=engine_threads), texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))

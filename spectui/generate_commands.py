@@ -22,7 +22,7 @@ from .engine import (
     preset_rows, remove_cache_entry, tree_text, write_trace,
 )
 from .options import (
-    DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, check_quant, check_writable, friendly_errors, load,
+    DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, check_writable, friendly_errors, load,
     quiet_broken_pipe, text_arg,
 )
 
@@ -60,9 +60,12 @@ def generate(
     trace: Optional[Path] = typer.Option(None, "--trace", help="record StepEvents to this JSONL file"),
 ) -> None:
     """Stream the answer to PROMPT (or stdin with -, or --file PATH) on stdout; a one-line summary goes to stderr."""
+    from .engine import check_quant
+
     with friendly_errors():
         prompt, system = read_prompt(prompt, file), text_arg(system)
         settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge)
+        check_quant(quant)  # with the other flags, before the model is looked up
         settings.detail = as_json or trace is not None  # trees with text and probabilities only when recorded
         if trace is not None:
             check_writable(trace, "--trace")
@@ -212,6 +215,7 @@ def bench(
 ) -> None:
     """Every decoding method on the same prompts, greedy, order rotated per prompt: per-prompt ratios to incremental."""
     from .bench import format_table, merge_policies, read_prompts, run_bench, set_threads
+    from .engine import check_quant
 
     with friendly_errors():
         if max_new_tokens < 1:

@@ -90,18 +90,9 @@ def friendly_errors():
         fail(f"{type(exc).__name__}: {exc}", 1)
 
 
-def check_quant(quant: str) -> None:
-    """UsageFailure for a --quant the engine does not know, before any model is looked up."""
-    from .engine import QUANTS
-
-    if quant not in QUANTS:
-        raise UsageFailure(f"--quant {quant!r}: use one of {', '.join(QUANTS)}")
-
-
 def load(model: str, ssm: list[str] | None, quant: str, device: str):
     """-> (LoadedModels, SpeculativeEngine), from spectui's model cache, with its cost cache."""
     from . import paths
     from .engine import load_engine
 
-    check_quant(quant)  # before the model is located (which may fetch or convert it)
     return load_engine(model, ssm or (), quant, device, cost_cache=paths.costs_dir(), models_dir=paths.models_dir())

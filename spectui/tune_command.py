@@ -16,7 +16,7 @@ import typer
 from . import paths
 from .data import bench_questions, tune_prompts
 from .engine.tune import TuneConfig
-from .options import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, check_quant, friendly_errors
+from .options import DeviceOpt, ModelOpt, QuantOpt, UsageFailure, friendly_errors
 
 D = TuneConfig  # its class attributes are the defaults the help texts quote
 MAX_TUNE_SEED = 2**32 - 1  # tune seeds torch with seed * 1_000_003 + offsets, which must stay within 64 bits
@@ -73,7 +73,7 @@ def tune(
     with --feature-head, also train a feature drafter (EAGLE) on the verifier's hidden states."""
     from dataclasses import replace
 
-    from .engine import pick_device, resolve_model
+    from .engine import check_quant, pick_device, resolve_model
     from .engine.tune import read_prompt_file, run_tune
 
     with friendly_errors():

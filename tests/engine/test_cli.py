@@ -25,13 +25,13 @@ def spectui(*args, timeout=300):
     return subprocess.run([*SPECTUI, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
 
 
-def in_process(*args, stdin=None):
+def in_process(*args):
     """The CLI in this process (Typer's CliRunner): no interpreter start, for what needs no real process."""
     from typer.testing import CliRunner
 
     from spectui.cli import app
 
-    return CliRunner().invoke(app, list(args), input=stdin)
+    return CliRunner().invoke(app, list(args))
 
 
 def one_clean_line(result):

@@ -75,7 +75,7 @@ def test_bad_generate_input_exits_2(args, needle, fresh_home):
     assert needle in one_line_exit_2(run_cli("generate", *prompt, *args))
 
 
-@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench", "--limit", "1"]])
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench", "--limit", "1"], ["tui-bench"]])
 def test_an_unknown_quant_is_refused_before_the_model_is_looked_up(command, fresh_home):
     assert "--quant 'q3': use one of nf4, fp4, int8, none" in one_line_exit_2(run_cli(*command, "--quant", "q3", *NO_MODEL))
 
