@@ -31,10 +31,21 @@ decide: if the best candidate a beats every other by more than 2 (e_a + e_v), th
 is a. A row where that fails (a true near-tie, about 1 in 100) or where C is large is computed the
 canonical way.
 
-On AVX2 CPUs without AVX512-BF16 (where torch's bf16 product is slow) the screen is
-kernels/dense_cpu.c's product of the same bf16 copy with x in fp32, summed in fp32 (ArgmaxScreen's
-bound; 4.5 ms a row against the fp32 head's 6.5-8 ms on a 2-core AMD EPYC, 10 ms against 12-17 for
-8 rows, scripts/profile_step.py); the candidates and the near-tie rule are the same.
+Which product computes G, by measurement (2 threads, 49,152 x 576, ms for 2M columns):
+
+  * torch's bf16 product through oneDNN: with AMX tiles (Intel Xeon) 1.2-1.5 for 1 to 16 columns.
+    Without AMX (AMD EPYC with AVX512-BF16) 4.8-5.9 whatever the columns, where streaming the bf16
+    copy takes about 2.
+  * kernels/dense_cpu.c's vdpbf16ps loop (DOT, exact products of the same bf16 operands summed in
+    fp32, no bf16 rounding of the result): on that EPYC 2.2-2.5 for 2 or 4 columns, 4.3 for 8,
+    8.2 for 16; on the Xeon 1.05 for one column, 1.35 for two. So it takes up to DOT_COLUMNS
+    columns: 8 without AMX, 2 with it.
+  * on AVX2 CPUs without AVX512-BF16 (where torch's bf16 product is slow), dense_cpu.c's product of
+    the bf16 copy with x in fp32, summed in fp32 (DENSE: 4.5 ms a row against the fp32 head's 6.5-8
+    ms on a 2-core AMD EPYC, 10 ms against 12-17 for 8 rows, scripts/profile_step.py).
+
+The fp32-summed products lose the last term of the bound (no bf16 rounding of G) and keep the rest
+(ArgmaxScreen's docstring); the candidates and the near-tie rule are the same for all three.
 
 The rows returned are argmax-only: the candidates' fp32 logits, -inf elsewhere. Only greedy
 decoding that displays nothing may use them (LeanModel.argmax_only); sampling and display read
@@ -51,6 +62,11 @@ U32 = 2.0**-24  # unit roundoff of float32
 MAX_CANDIDATES = 256  # more than this (a flat row): the canonical product is as cheap
 
 
+def dot_columns() -> int:
+    """The most columns (2 a row: x_hi, x_lo) the vdpbf16ps loop screens before torch's product is as fast."""
+    return 2 if torch.cpu._is_amx_tile_supported() else 8
+
+
 def screen_supported() -> bool:
     """The bf16 product is fast where the CPU computes bf16 natively (AVX512-BF16) or where
     kernels/dense_cpu.c reads bf16 weights into fp32 products (AVX2 without AVX512-BF16)."""
@@ -60,27 +76,40 @@ def screen_supported() -> bool:
 class ArgmaxScreen:
     """Argmax-exact logits of `head` (a GuardedHead) for rows of hidden states.
 
-    use_kernel: screen with kernels/dense_cpu.c (None: where it serves this CPU). Its product
-    g = W_hi @ x keeps x in fp32 and sums in fp32, so its bound is simpler than the bf16 one above:
+    product: "dense" (dense_cpu.c, x in fp32; AVX2 CPUs), "dot" (dense_cpu.c's vdpbf16ps loop up to
+    DOT_COLUMNS columns, torch's product beyond) or "torch"; None: the one for this CPU.
+
+    DENSE computes g = W_hi @ x with x in fp32 and sums in fp32:
 
         |s_v - g_v| <= |dW_v| |x| + gamma_D |W_hi_v| |x|,    |W_hi_v| <= |W_v| + |dW_v|
+
+    DOT computes G_v0 = W_hi_v . x_hi and G_v1 = W_hi_v . x_lo, exact products summed in fp32, so
+    with |x_hi| + |x_lo| <= (1 + 2^-7) |x|:
+
+        |s_v - g_v| <= |dW_v| |x| + (2^-16 + gamma_D (1 + 2^-7)) |W_hi_v| |x| + 2^-20 |g_v|
     """
 
-    def __init__(self, head, use_kernel: bool | None = None) -> None:
+    def __init__(self, head, product: str | None = None) -> None:
         W = head.weight.detach()  # [V, D] fp32
         V, D = W.shape
         self.head = head
         self.low = W.to(torch.bfloat16)  # [V, D]
-        self.kernel = dense_cpu.dense(self.low) if use_kernel is not False else None  # shares self.low
-        if use_kernel and self.kernel is None:
-            raise RuntimeError("kernels/dense_cpu.c does not serve this CPU")
+        product = product or ("dense" if dense_cpu.available() else "dot" if dense_cpu.dot_available() else "torch")
+        make = {"dense": dense_cpu.dense, "dot": dense_cpu.bf16_dot, "torch": lambda w: None}[product]
+        self.kernel = make(self.low)  # shares self.low
+        if product != "torch" and self.kernel is None:
+            raise RuntimeError(f"kernels/dense_cpu.c's {product} product does not serve this CPU")
+        self.product = product
+        self.dot_columns = dot_columns()
         wide = W.double()
         self.rounding_norm = ((wide - self.low.double()).norm(dim=1) * (1 + 1e-6)).float()  # |dW_v| [V]
         self.row_norm = (wide.norm(dim=1) * (1 + 1e-6)).float()  # |W_v| [V]
         self.gamma = D * U32 / (1 - D * U32)
         self.residue = 2.0**-16 + 2 * self.gamma
         self.eps_per_norm = self.gamma * float(self.row_norm.max()) * (1 + 1e-3)
-        self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * (self.row_norm + self.rounding_norm)  # [V]
+        low_norm = self.row_norm + self.rounding_norm  # >= |W_hi_v|
+        self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * low_norm  # [V]: DENSE
+        self.dot_bound = self.rounding_norm + (2.0**-16 + self.gamma * (1 + 2.0**-7) * (1 + 1e-3)) * low_norm  # DOT
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
 
@@ -119,11 +148,15 @@ class ArgmaxScreen:
     def screen(self, x: torch.Tensor, norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] fp32 -> (g, r) [V, M]: screened logits and their error bounds (module docstring)."""
         M = x.shape[0]
-        if self.kernel is not None:
+        if self.product == "dense":
             g = self.kernel(x).T  # [V, M]
             return g, self.kernel_bound[:, None] * norms + 2.0**-20 * g.abs() + 1e-30
         hi = x.to(torch.bfloat16)
         lo = (x - hi.float()).to(torch.bfloat16)
+        if self.product == "dot" and 2 * M <= self.dot_columns:
+            G = self.kernel.loop(torch.cat([hi, lo]))  # [2M, V] fp32: x_hi rows, then x_lo rows
+            g = (G[:M] + G[M:]).T  # [V, M]
+            return g, self.dot_bound[:, None] * norms + 2.0**-20 * g.abs() + 1e-30
         G = (self.low @ torch.cat([hi, lo]).T).float()  # [V, 2M]: columns x_hi rows, then x_lo rows
         g = G[:, :M] + G[:, M:]  # [V, M]
         r = ((self.rounding_norm + self.residue * self.row_norm)[:, None] * norms

@@ -125,6 +125,7 @@ int spectui_dense_bf16(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
  */
 #define DOT_NB 4
 #define DOT_MB 4
+#define DOT_PREFETCH 4096 /* bytes ahead of each weight row's stream: the next tile's rows */
 #define DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* mb input rows (a constant after inlining: the accumulators stay in registers) by DOT_NB weight rows
@@ -138,7 +139,10 @@ DOT_TARGET __attribute__((always_inline)) static inline void dot_tile(
     for (int64_t k = 0; k < K; k += 32) {
         const __mmask32 mask = K - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (K - k)) - 1);
         __m512i wv[DOT_NB];
-        for (int j = 0; j < DOT_NB; j++) wv[j] = _mm512_maskz_loadu_epi16(mask, w + j * ldw + k);
+        for (int j = 0; j < DOT_NB; j++) {
+            _mm_prefetch((const char *)(w + j * ldw + k) + DOT_PREFETCH, _MM_HINT_T0); /* never faults */
+            wv[j] = _mm512_maskz_loadu_epi16(mask, w + j * ldw + k);
+        }
         for (int i = 0; i < mb; i++) {
             const __m512i xv = _mm512_maskz_loadu_epi16(mask, x + i * ldx + k);
             for (int j = 0; j < DOT_NB; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wv[j]);

@@ -66,9 +66,13 @@ class DotKernel(DenseKernel):
 
     def product(self, a: torch.Tensor) -> torch.Tensor:
         if a.shape[0] <= DOT_MAX_ROWS:
-            return super().product(a)
+            return self.loop(a)
         out = (self.weight @ a.T).T.float()  # [M, N]: oneDNN (AMX), as cheap for 16 rows as for one; W @ x^T its faster side
         return (out if self.bias is None else out + self.bias).contiguous()
+
+    def loop(self, a: torch.Tensor) -> torch.Tensor:
+        """a [M, K] bf16 contiguous -> [M, N] fp32 through the C loop whatever M (the caller chose it)."""
+        return super().product(a)
 
 
 def bf16_dot(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Path | None = None) -> DotKernel | None:

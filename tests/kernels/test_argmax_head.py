@@ -25,15 +25,19 @@ def head_and_rows(seed: int, V: int = 4096, D: int = 576, M: int = 24, ties: boo
     return GuardedHead(W), X
 
 
-KERNEL = pytest.param(True, marks=pytest.mark.skipif(not dense_cpu.available(), reason="kernels/dense_cpu.c does not serve this CPU"))
+PRODUCTS = [
+    "torch",
+    pytest.param("dense", marks=pytest.mark.skipif(not dense_cpu.available(), reason="the AVX2 product does not serve this CPU")),
+    pytest.param("dot", marks=pytest.mark.skipif(not dense_cpu.dot_available(), reason="the AVX512-BF16 loop does not serve this CPU")),
+]
 
 
-@pytest.mark.parametrize("use_kernel", [False, KERNEL])
+@pytest.mark.parametrize("product", PRODUCTS)
 @pytest.mark.parametrize("seed", range(4))
-def test_the_screen_gives_the_canonical_argmax(seed, use_kernel):
+def test_the_screen_gives_the_canonical_argmax(seed, product):
     head, X = head_and_rows(seed)
-    screen = ArgmaxScreen(head, use_kernel)
-    got = screen(X[None])[0]  # [M, V]
+    screen = ArgmaxScreen(head, product)
+    got = torch.cat([screen(X[None, i:i + 4])[0] for i in range(0, len(X), 4)])  # [M, V]: 4 rows a call, as a tree pass
     canonical = torch.stack([head.canonical(x) for x in X])  # the one-token way, row by row
     assert torch.equal(got.argmax(-1), canonical.argmax(-1))
     assert screen.recomputed >= 1  # planted ties went the canonical way ...
@@ -43,10 +47,11 @@ def test_the_screen_gives_the_canonical_argmax(seed, use_kernel):
 
 
 @pytest.mark.parametrize("M", [1, 3, 24])
-@pytest.mark.parametrize("use_kernel", [KERNEL])
-def test_the_kernel_screens_error_bound_holds_with_room(M, use_kernel):
+@pytest.mark.parametrize("product", PRODUCTS)
+def test_each_screens_error_bound_holds_with_room(M, product):
+    """Whichever product screens M rows (dot: the C loop up to its column limit, torch's beyond)."""
     head, X = head_and_rows(11, ties=False, M=M)
-    screen = ArgmaxScreen(head, use_kernel)
+    screen = ArgmaxScreen(head, product)
     norms = X.norm(dim=-1) * (1 + 1e-5)
     g, r = screen.screen(X, norms)  # [V, M]
     exact = head.weight.double() @ X.double().T  # [V, M]
@@ -55,7 +60,7 @@ def test_the_kernel_screens_error_bound_holds_with_room(M, use_kernel):
 
 def test_the_screens_error_bound_holds_with_room():
     head, X = head_and_rows(7, ties=False)
-    screen = ArgmaxScreen(head, use_kernel=False)
+    screen = ArgmaxScreen(head, "torch")
     hi = X.to(torch.bfloat16)
     lo = (X - hi.float()).to(torch.bfloat16)
     M = X.shape[0]
