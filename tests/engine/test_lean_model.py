@@ -1,7 +1,7 @@
 """LeanModel (engine/lean_model.py) gives CachedModel's logits bit for bit, on every kind of pass.
 
 CachedModel runs transformers' forward; LeanModel the same arithmetic without transformers'
-machinery, with fused 4-bit calls and a float64 cache. Both feed one sequence of passes a decode
+machinery, with fused 4-bit calls and its own cache (float32 where the exact kernel runs). Both feed one sequence of passes a decode
 loop makes: a prefill, one-token steps, a tree, compaction of an accepted path, a tree fed in two
 parts (how drafters grow theirs), a rewind to a shared prefix.
 """
