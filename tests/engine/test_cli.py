@@ -111,6 +111,9 @@ def test_ctrl_c_stops_and_keeps_output(embedded_dir):
     proc = subprocess.Popen(
         [*SPECTUI, "generate", "Write a long essay about the history of Rome.", "--max-new-tokens", "400"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+        # as from a terminal: a suite started in the background (`cmd &` without job control) has
+        # SIGINT ignored, and a child inherits that, so Ctrl+C would never reach spectui
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first = proc.stdout.read(20)  # wait until the answer streams
     assert first
