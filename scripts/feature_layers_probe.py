@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from feature_data import PROMPTS, balanced_prompts  # noqa: E402
-from feature_probe import DATA  # noqa: E402
+from feature_probe import agreement, eval_sets  # noqa: E402
 
 from spectui import paths  # noqa: E402
 from spectui.engine import lean_model  # noqa: E402
@@ -37,54 +36,34 @@ from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig  # noqa: 
 from spectui.engine.lean_model import LeanModel  # noqa: E402
 from spectui.engine.loading import load_models  # noqa: E402
 from spectui.engine.presets import resolve_model  # noqa: E402
-from spectui.engine.prompt_files import read_prompt_file  # noqa: E402
 from spectui.engine.tune import feature_train as ft  # noqa: E402
 from spectui.engine.tune.data import Example, prompt_ids  # noqa: E402
-from spectui.engine.tune.features import read_features  # noqa: E402
-from spectui.engine.tune.heldout import greedy_answers  # noqa: E402
-from spectui.engine.tune.teacher import top_rows  # noqa: E402
+from spectui.engine.tune.features import write_features  # noqa: E402
 
 
 class LayerTap:
-    """Keeps the residual stream entering chosen layers of a LeanModel (what rms_norm sees at their norm_in)."""
+    """After every run of a LeanModel that keeps its hidden states, `hidden` [B, T, H] becomes
+    [B, T, (1 + taps) H]: the final states, then the residual stream entering the layer after each of
+    `after`, divided by its RMS. So engine/tune/features.py's feature pass keeps them all as its rows."""
 
     def __init__(self, runner: LeanModel, after: list[int]) -> None:
-        self.wanted = {id(runner.layers[i + 1].norm_in): n for n, i in enumerate(after)}
-        self.kept: list[torch.Tensor | None] = [None] * len(after)
-        plain = lean_model.rms_norm
+        wanted = {id(runner.layers[i + 1].norm_in): n for n, i in enumerate(after)}
+        kept: list[torch.Tensor | None] = [None] * len(after)
+        plain_norm, plain_run = lean_model.rms_norm, runner.run
 
-        def tapped(h, norm):
-            n = self.wanted.get(id(norm))
+        def tapped(h, norm):  # what rms_norm sees at a tapped layer's norm_in is the stream entering it
+            n = wanted.get(id(norm))
             if n is not None:
-                self.kept[n] = h[0] * torch.rsqrt(h[0].pow(2).mean(-1, keepdim=True) + 1e-6)  # [T, H], RMS 1
-            return plain(h, norm)
+                kept[n] = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)  # [B, T, H], RMS 1
+            return plain_norm(h, norm)
+
+        def run(*args, **kwargs):
+            logits = plain_run(*args, **kwargs)
+            if runner.keep_hidden:
+                runner.hidden = torch.cat([runner.hidden, *kept], dim=-1)
+            return logits
         lean_model.rms_norm = tapped
-
-
-@torch.inference_mode()
-def feature_rows(runner: LeanModel, tap: LayerTap, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (states [L, (1 + layers) H] bf16: f then the tapped layers, top_ids [L, 4], top_logp [L, 4])."""
-    runner.reset()
-    runner.keep_hidden = True
-    logits = runner.forward_chain(list(seq))  # [L, V]
-    states = torch.cat([runner.hidden[0], *tap.kept], dim=-1).to(torch.bfloat16)
-    top_ids, top_logp = top_rows(logits, 4)
-    runner.reset()
-    return states, top_ids, top_logp
-
-
-def write_part(path: Path, runner, tap, examples: list[Example]) -> None:
-    rows, ids, starts, answers = [], [], [0], []
-    for e in examples:
-        seq = list(e.prompt_ids) + list(e.answer_ids)
-        rows.append(feature_rows(runner, tap, seq))
-        ids.append(torch.tensor(seq, dtype=torch.int32))
-        answers.append(starts[-1] + len(e.prompt_ids))
-        starts.append(starts[-1] + len(seq))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"hidden": torch.cat([r[0] for r in rows]), "top_ids": torch.cat([r[1] for r in rows]),
-               "top_logp": torch.cat([r[2] for r in rows]), "ids": torch.cat(ids),
-               "starts": torch.tensor(starts), "answer_starts": torch.tensor(answers)}, str(path))
+        runner.run = run
 
 
 class FusedHead(FeatureHead):
@@ -100,25 +79,10 @@ PLAIN_LOSS = ft.batch_loss
 
 def loss_on(H: int, fused: bool):
     """feature_train.batch_loss on the probe's rows: the target is f alone; the input f, or f and the taps."""
-    plain = PLAIN_LOSS
-
     def loss(head, batch, cfg):
         tokens, prev, target, *rest = batch
-        return plain(head, (tokens, prev if fused else prev[..., :H], target[..., :H], *rest), cfg)
+        return PLAIN_LOSS(head, (tokens, prev if fused else prev[..., :H], target[..., :H], *rest), cfg)
     return loss
-
-
-@torch.no_grad()
-def depth1(head, parts, loss) -> tuple[float, int]:
-    vocab_map = torch.full((int(head.embed.shape[0]),), -1, dtype=torch.long)
-    vocab_map[head.vocab_ids] = torch.arange(len(head.vocab_ids))
-    cfg = ft.FeatureTrainConfig(window=4096, prompt_weight=0.0, second_step=False)
-    hits = n = 0
-    for w in ft.windows(parts, cfg.window):
-        _, hit, _, weights = loss(head, ft.make_batch(parts, [w], vocab_map, 0.0), cfg)
-        answer = weights == 1.0
-        hits, n = hits + int((hit & answer).sum()), n + int(answer.sum())
-    return hits / max(n, 1), n
 
 
 def main() -> int:
@@ -132,27 +96,17 @@ def main() -> int:
     args = ap.parse_args()
     models = load_models(resolve_model("smollm2-135m"), models_dir=paths.models_dir())
     runner = LeanModel(models.verifier)
-    tap = LayerTap(runner, args.layers)
+    LayerTap(runner, args.layers)
     H = models.verifier.config.hidden_size
     began = time.perf_counter()
     texts = balanced_prompts(PROMPTS, 0, 4000)[args.skip : args.skip + args.prompts]
     for index in range(0, len(texts), args.batch):
         path = args.out / "train" / f"part-{index // args.batch:05d}.safetensors"
         if not path.exists():
-            write_part(path, runner, tap, [Example(t, prompt_ids(models.tokenizer, t, models.context_window, 1, None), [], "prompt", False)
-                                           for t in texts[index : index + args.batch]])
+            write_features(path, [Example(t, prompt_ids(models.tokenizer, t, models.context_window, 1, None), [], "prompt", False)
+                                  for t in texts[index : index + args.batch]], runner)
             print(f"{path.name}: {time.perf_counter() - began:.0f} s", flush=True)
-    evals = {}
-    for name, (file, per_category) in {"vicuna": ("vicuna_bench_questions.jsonl", None), "specbench": ("spec_bench_dev.jsonl", 4)}.items():
-        rows = read_prompt_file(DATA / file)
-        if per_category:
-            seen: dict = {}
-            rows = [r for r in rows if seen.setdefault(r[1], []).append(r) or len(seen[r[1]]) <= per_category]
-        path = args.out / "eval" / f"{name}.safetensors"
-        if not path.exists():
-            answered = greedy_answers(models, models.chat_template, rows, 64, paths.cache_dir() / "eval-answers")
-            write_part(path, runner, tap, [e for e, _ in answered])
-        evals[name] = [read_features(path)]
+    evals = eval_sets(models, runner, args.out)  # per category: "vicuna-generic", ..., "specbench-qa", ...
     parts = ft.load_parts(args.out / "train")
     print(f"{sum(int(p['starts'][-1]) for p in parts)} training positions, data in {time.perf_counter() - began:.0f} s", flush=True)
     embed, out_w = models.verifier.model.embed_tokens.weight, models.verifier.lm_head.weight
@@ -167,9 +121,13 @@ def main() -> int:
         cfg = ft.FeatureTrainConfig(second_step=False, lr=3e-3)
         info = ft.train_head(head, parts, cfg, log=lambda s: None, budget_s=args.budget)
         head.eval()
-        scores = {name: depth1(head, p, ft.batch_loss) for name, p in evals.items()}
+        hits: dict[str, list[float]] = {}  # per prompt set: [hits, answer positions] over its categories
+        for key, eparts in evals.items():
+            top1, _, n = agreement(head, eparts, ft.batch_loss, second_step=False)
+            total = hits.setdefault(key.split("-")[0], [0.0, 0])
+            total[0], total[1] = total[0] + top1 * n, total[1] + n
         print(f"{'fused' if fused else 'final'}: {info['steps']} steps, final loss {info['final_loss']}; "
-              + ", ".join(f"{name} depth-1 top-1 {a:.3f} ({n} answer tokens)" for name, (a, n) in scores.items()), flush=True)
+              + ", ".join(f"{name} depth-1 top-1 {h / max(n, 1):.3f} ({n} answer tokens)" for name, (h, n) in hits.items()), flush=True)
     return 0
 
 

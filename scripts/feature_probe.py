@@ -54,18 +54,20 @@ def eval_sets(models, runner, out: Path) -> dict[str, list[dict]]:
 
 
 @torch.no_grad()
-def agreement(head: FeatureHead, parts: list[dict]) -> tuple[float, float, int]:
-    """-> (depth-1 top-1, two-step top-1, answer positions) over the answers (prompt weight 0)."""
+def agreement(head: FeatureHead, parts: list[dict], loss=batch_loss, second_step: bool = True) -> tuple[float, float, int]:
+    """-> (depth-1 top-1, two-step top-1 (0 without second_step), answer positions) over the answers
+    (prompt weight 0); loss: feature_train.batch_loss or a wrapper of it (feature_layers_probe.py)."""
     vocab_map = torch.full((int(head.embed.shape[0]),), -1, dtype=torch.long)
     vocab_map[head.vocab_ids] = torch.arange(len(head.vocab_ids))
-    cfg = FeatureTrainConfig(window=4096, prompt_weight=0.0, second_step=True)
+    cfg = FeatureTrainConfig(window=4096, prompt_weight=0.0, second_step=second_step)
     hits = hits2 = n = 0
     for w in windows(parts, cfg.window):
         batch = make_batch(parts, [w], vocab_map, 0.0)
-        _, hit, hit2, weights = batch_loss(head, batch, cfg)
+        _, hit, hit2, weights = loss(head, batch, cfg)
         # the verifier's top-1 at the answer positions, inside the draft vocab or not
         answer = weights == 1.0
-        hits += int((hit & answer).sum()); hits2 += int((hit2 & answer).sum()); n += int(answer.sum())
+        hits += int((hit & answer).sum()); n += int(answer.sum())
+        hits2 += int((hit2 & answer).sum()) if hit2 is not None else 0
     return hits / max(n, 1), hits2 / max(n, 1), n
 
 
