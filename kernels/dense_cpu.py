@@ -1,4 +1,4 @@
-"""A drafter's dense layers on CPU (and the AVX2 output screen's product): bf16 weights, one C call a product.
+"""A drafter's dense layers on CPU (and the output screen's product): bf16 weights, one C call a product.
 
 Drafters (an SSM, a feature head) run one to four rows a forward. On these CPUs MKL's products
 for so few rows against a [N, K] weight run far below memory speed: a 8,192 x 576 fp32 layer
@@ -15,10 +15,9 @@ side). The feature head's catch-up of one token: 1.6 -> 0.8 ms; its level of two
 
 A drafter's weights round to bf16 here (an SSM saved in bf16, as the shipped ones are, loses
 nothing); drafting needs speed, not the verifier's rounding. The verifier's own logits never come
-from it: its one other user, on AVX2, is the output layer's argmax screen (kernels/argmax_head.py),
-which only shortlists candidates under a proven rounding bound and takes every decided logit from
-the fp32 head. (There the screen's bf16 product through torch, W @ [x_hi, x_lo]^T, is already as
-fast as this loop: 1.2-1.5 ms.)
+from it: its one other user is the output layer's argmax screen (kernels/argmax_head.py: DenseKernel
+on AVX2, DotKernel.loop on AVX512-BF16 for a few columns), which only shortlists candidates under a
+proven rounding bound and takes every decided logit from the fp32 head.
 """
 
 from __future__ import annotations
