@@ -36,16 +36,20 @@ Which product computes G, by measurement (2 threads, 49,152 x 576, ms for 2M col
   * torch's bf16 product through oneDNN: with AMX tiles (Intel Xeon) 1.2-1.5 for 1 to 16 columns.
     Without AMX (AMD EPYC with AVX512-BF16) 4.8-5.9 whatever the columns, where streaming the bf16
     copy takes about 2.
-  * kernels/dense_cpu.c's vdpbf16ps loop (DOT, exact products of the same bf16 operands summed in
-    fp32, no bf16 rounding of the result): on that EPYC 2.2-2.5 for 2 or 4 columns, 4.3 for 8,
-    8.2 for 16; on the Xeon 1.05 for one column, 1.35 for two. So it takes up to DOT_COLUMNS
-    columns: 8 without AMX, 2 with it.
+  * kernels/dense_cpu.c's vdpbf16ps loop (DOT, exact products of bf16 operands summed in fp32, no
+    bf16 rounding of the result): on that EPYC 2.2-2.5 for 2 or 4 columns, 4.3 for 8, 8.2 for 16;
+    on the Xeon 1.05 for one column, 1.35 for two. DOT screens x_hi alone, one column a row (see
+    ArgmaxScreen: a wider bound, about two candidates a row more, for half the columns), so it
+    takes up to dot_columns() rows: 8 without AMX, 2 with it.
   * on AVX2 CPUs without AVX512-BF16 (where torch's bf16 product is slow), dense_cpu.c's product of
     the bf16 copy with x in fp32, summed in fp32 (DENSE: 4.5 ms a row against the fp32 head's 6.5-8
     ms on a 2-core AMD EPYC, 10 ms against 12-17 for 8 rows, scripts/profile_step.py).
 
-The fp32-summed products lose the last term of the bound (no bf16 rounding of G) and keep the rest
-(ArgmaxScreen's docstring); the candidates and the near-tie rule are the same for all three.
+The fp32-summed products lose the last term of the bound (no bf16 rounding of G) and change the
+rest (ArgmaxScreen's docstring); the candidates and the near-tie rule are the same for all three.
+After a C product the candidates C are picked in C too (dense_cpu.c spectui_screen_candidates:
+two passes over V a row with the fp32 arithmetic of the torch ops it replaces, which cost about
+0.8 ms a step).
 
 The rows returned are argmax-only: the candidates' fp32 logits, -inf elsewhere. Only greedy
 decoding that displays nothing may use them (LeanModel.argmax_only); sampling and display read
@@ -63,7 +67,7 @@ MAX_CANDIDATES = 256  # more than this (a flat row): the canonical product is as
 
 
 def dot_columns() -> int:
-    """The most columns (2 a row: x_hi, x_lo) the vdpbf16ps loop screens before torch's product is as fast."""
+    """The most rows (one column each: x_hi) the vdpbf16ps loop screens before torch's product is as fast."""
     return 2 if torch.cpu._is_amx_tile_supported() else 8
 
 
@@ -77,16 +81,22 @@ class ArgmaxScreen:
     """Argmax-exact logits of `head` (a GuardedHead) for rows of hidden states.
 
     product: "dense" (dense_cpu.c, x in fp32; AVX2 CPUs), "dot" (dense_cpu.c's vdpbf16ps loop up to
-    DOT_COLUMNS columns, torch's product beyond) or "torch"; None: the one for this CPU.
+    dot_columns() rows, torch's product beyond) or "torch"; None: the one for this CPU.
 
     DENSE computes g = W_hi @ x with x in fp32 and sums in fp32:
 
         |s_v - g_v| <= |dW_v| |x| + gamma_D |W_hi_v| |x|,    |W_hi_v| <= |W_v| + |dW_v|
 
-    DOT computes G_v0 = W_hi_v . x_hi and G_v1 = W_hi_v . x_lo, exact products summed in fp32, so
-    with |x_hi| + |x_lo| <= (1 + 2^-7) |x|:
+    DOT computes g_v = W_hi_v . x_hi alone, exact products summed in fp32. With s_v - g_v =
+    dW_v . x + W_hi_v . (x - x_hi) + (the sum's rounding), |x - x_hi| <= 2^-8 |x| (bf16 rounds to
+    8 significant bits) and |x_hi| <= (1 + 2^-8) |x|:
 
-        |s_v - g_v| <= |dW_v| |x| + (2^-16 + gamma_D (1 + 2^-7)) |W_hi_v| |x| + 2^-20 |g_v|
+        |s_v - g_v| <= |dW_v| |x| + (2^-8 + gamma_D (1 + 2^-8)) |W_hi_v| |x| + 2^-20 |g_v|
+
+    The x_hi term is about the size of the |dW_v| term, so the bound is about 2.7x the two-column
+    one (x_hi and x_lo) it replaced: on the verifier's rows 3.0 candidates a row instead of 1.4 (at
+    most 14 over 400 rows of a summary), for one column a row instead of two. Verify step on a
+    2-core AMD EPYC, prefix 200: T = 1 13.4 -> 12.9 ms, T = 4 18.6 -> 16.7, T = 8 25.1 -> 23.1.
     """
 
     def __init__(self, head, product: str | None = None) -> None:
@@ -109,7 +119,8 @@ class ArgmaxScreen:
         self.eps_per_norm = self.gamma * float(self.row_norm.max()) * (1 + 1e-3)
         low_norm = self.row_norm + self.rounding_norm  # >= |W_hi_v|
         self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * low_norm  # [V]: DENSE
-        self.dot_bound = self.rounding_norm + (2.0**-16 + self.gamma * (1 + 2.0**-7) * (1 + 1e-3)) * low_norm  # DOT
+        self.dot_bound = self.rounding_norm + (2.0**-8 + self.gamma * (1 + 2.0**-8) * (1 + 1e-3)) * low_norm  # DOT
+        self.select = dense_cpu.candidate_selector() if product != "torch" else None  # C_m in C, after the loop
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
 
@@ -120,22 +131,19 @@ class ArgmaxScreen:
         x = hidden.reshape(-1, hidden.shape[-1]).float()  # [M, D]
         M = x.shape[0]
         norms = x.norm(dim=-1) * (1 + 1e-5)  # [M]
-        g, r = self.screen(x, norms)  # [V, M] each
-        floor = (g - r).max(dim=0).values - 2 * self.eps_per_norm * norms  # [M]: L
-        inside = (g + r) >= floor  # [V, M]: C per row
-        union = inside.any(dim=1).nonzero().flatten()  # [U]: every row's candidates
+        union, mine = self.candidates(x, norms, 2 * self.eps_per_norm * norms)  # [U], [M, U]: C per row
         out = torch.full((M, self.low.shape[0]), float("-inf"))
-        if len(union) <= MAX_CANDIDATES * M:
+        if 0 < len(union) <= MAX_CANDIDATES * M:  # (none: every row flat or NaN)
             w = self.head.weight[union]  # [U, D]
             h = (w @ x.T).T  # [M, U] fp32 logits of the candidates
             e = (self.gamma * (1 + 1e-3)) * (x.abs() @ w.abs().T)  # [M, U] per-token bounds
-            mine = inside[union].T  # [M, U]
             h_mine = torch.where(mine, h, float("-inf"))
             best = h_mine.argmax(dim=1, keepdim=True)  # [M, 1]
             gap = h.gather(1, best) - h  # [M, U]
             margin = 2 * (e.gather(1, best) + e)
             rival = mine & (torch.arange(len(union)) != best)  # other candidates of the row
-            clear = ~(rival & (gap <= margin)).any(dim=1) & (mine.sum(dim=1) <= MAX_CANDIDATES)  # [M]
+            count = mine.sum(dim=1)
+            clear = ~(rival & (gap <= margin)).any(dim=1) & (count <= MAX_CANDIDATES) & (count > 0)  # [M]
             out[:, union] = torch.where(clear[:, None] & mine, h, float("-inf"))
         else:
             clear = torch.zeros(M, dtype=torch.bool)
@@ -145,18 +153,47 @@ class ArgmaxScreen:
         self.screened += int(clear.sum())
         return out.view(*lead, -1)
 
+    def candidates(self, x: torch.Tensor, norms: torch.Tensor, slack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [M, D] fp32 -> (union [U], mine [M, U] bool): every row's candidates C (module docstring),
+        slack = 2 eps_max |x| [M]. A row with no candidate or more than MAX_CANDIDATES (a flat row)
+        has none in `mine` and is computed the canonical way."""
+        M = x.shape[0]
+        picked = self.screen_in_c(x)
+        if picked is not None and self.select is not None:  # g [M, V] from the loop; C_m by dense_cpu.c
+            g, bound = picked
+            idx, count = self.select(g, bound, norms, slack, MAX_CANDIDATES)  # [M, cap], [M]
+            if M == 1:  # a one-token step: its candidates, ascending, are the union
+                c = int(count[0]) if int(count[0]) <= MAX_CANDIDATES else 0
+                return idx[0, :c], torch.ones(1, c, dtype=torch.bool)
+            rows = [idx[m, : int(count[m])] for m in range(M) if 0 < int(count[m]) <= MAX_CANDIDATES]
+            union = torch.unique(torch.cat(rows)) if rows else torch.empty(0, dtype=torch.long)  # [U], sorted
+            mine = torch.zeros(M, len(union), dtype=torch.bool)
+            for m in range(M):
+                if 0 < int(count[m]) <= MAX_CANDIDATES:
+                    mine[m, torch.searchsorted(union, idx[m, : int(count[m])])] = True
+            return union, mine
+        g, r = self.screen(x, norms)  # [V, M] each
+        floor = (g - r).max(dim=0).values - slack  # [M]: L
+        inside = (g + r) >= floor  # [V, M]: C per row
+        union = inside.any(dim=1).nonzero().flatten()  # [U]
+        return union, inside[union].T
+
+    def screen_in_c(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(g [M, V], its bound per unit |x| [V]) where a C product serves these rows, else None."""
+        if self.product == "dense":
+            return self.kernel(x), self.kernel_bound
+        if self.product == "dot" and x.shape[0] <= self.dot_columns:
+            return self.kernel.loop(x.to(torch.bfloat16)), self.dot_bound  # x_hi alone: one column a row
+        return None
+
     def screen(self, x: torch.Tensor, norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] fp32 -> (g, r) [V, M]: screened logits and their error bounds (module docstring)."""
         M = x.shape[0]
-        if self.product == "dense":
-            g = self.kernel(x).T  # [V, M]
-            return g, self.kernel_bound[:, None] * norms + 2.0**-20 * g.abs() + 1e-30
+        if (picked := self.screen_in_c(x)) is not None:
+            g, bound = picked[0].T, picked[1]  # [V, M]
+            return g, bound[:, None] * norms + 2.0**-20 * g.abs() + 1e-30
         hi = x.to(torch.bfloat16)
         lo = (x - hi.float()).to(torch.bfloat16)
-        if self.product == "dot" and 2 * M <= self.dot_columns:
-            G = self.kernel.loop(torch.cat([hi, lo]))  # [2M, V] fp32: x_hi rows, then x_lo rows
-            g = (G[:M] + G[M:]).T  # [V, M]
-            return g, self.dot_bound[:, None] * norms + 2.0**-20 * g.abs() + 1e-30
         G = (self.low @ torch.cat([hi, lo]).T).float()  # [V, 2M]: columns x_hi rows, then x_lo rows
         g = G[:, :M] + G[:, M:]  # [V, M]
         r = ((self.rounding_norm + self.residue * self.row_norm)[:, None] * norms

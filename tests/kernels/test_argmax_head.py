@@ -71,3 +71,24 @@ def test_the_screens_error_bound_holds_with_room():
          + 2.0**-7 * (G[:, :M].abs() + G[:, M:].abs()))
     assert float(((g.double() - exact).abs() / r.double()).max()) < 0.6
 
+
+
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("product", PRODUCTS[1:])
+def test_candidates_picked_in_c_are_the_sets_the_torch_ops_pick(M, product):
+    """dense_cpu.c's spectui_screen_candidates against C = {v : g_v + r_v >= max(g - r) - slack} in torch."""
+    head, X = head_and_rows(5, ties=False, M=M)
+    X[0] = 0  # a flat row: every token a candidate, more than the C list holds
+    screen = ArgmaxScreen(head, product)
+    assert screen.select is not None and screen.screen_in_c(X) is not None
+    norms = X.norm(dim=-1) * (1 + 1e-5)
+    slack = 2 * screen.eps_per_norm * norms
+    union, mine = screen.candidates(X, norms, slack)  # [U], [M, U]
+    g, r = screen.screen(X, norms)  # [V, M]: the same product, bounds in torch
+    inside = (g + r) >= ((g - r).max(dim=0).values - slack)  # [V, M]
+    assert not mine[0].any() and int(inside[:, 0].sum()) == head.weight.shape[0]  # the flat row: none kept
+    for m in range(1, M):
+        assert torch.equal(union[mine[m]], inside[:, m].nonzero().flatten())
+        assert 1 <= int(mine[m].sum()) < 64
+    got = screen(X)  # the flat row goes the canonical way
+    assert screen.recomputed >= 1 and int(got[0].argmax()) == int(head.canonical(X[0]).argmax())
