@@ -20,6 +20,12 @@ bits the separate modules return:
 
     y [M, N_q + N_k + N_v] = bf16(x) @ dequant(W)^T      -> fp32, as Linear4bit returns it
 
+The call goes to kernels/packed_4bit.c where it is built: the same arithmetic, lane for lane and
+in the same order (so the same bits, checked against bitsandbytes' function), with each decoded
+weight serving up to 8 rows where bitsandbytes' serves 4. A tree pass of 5 to 8 rows then costs
+little more than one of 4, and a prefill's rows go 8 at a time. Where it is not built (no
+compiler, SPECTUI_CPU_KERNELS=0), bitsandbytes' function runs.
+
 `pack_group` returns None where the fast path cannot run (no AVX512-BF16, a layout bitsandbytes did
 not repack, a bias): the caller then uses the modules themselves.
 """
@@ -30,6 +36,25 @@ import ctypes as ct
 import sys
 
 import torch
+
+from . import native
+
+# spectui_packed_4bit(M, N, K, x, ldx, w, absmax, bs, lut16, y, ldy, threads)
+ARGTYPES = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64,
+            ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
+
+
+def own_kernel():
+    """kernels/packed_4bit.c's function where this CPU has AVX512-BF16 and it is built, else None."""
+    if not torch.cpu._is_avx512_bf16_supported():
+        return None
+    return native.function("packed_4bit", "spectui_packed_4bit", ARGTYPES)[0]
+
+
+def prepare(folder) -> None:
+    """Build kernels/packed_4bit.c into `folder` (the model cache's kernels/) rather than at first use."""
+    if torch.cpu._is_avx512_bf16_supported():
+        native.get("packed_4bit", folder)
 
 
 class Packed4bit:
@@ -46,15 +71,22 @@ class Packed4bit:
         self.blocksize = int(states[0].blocksize)
         fp4 = bool(states[0].code[1] > 0)  # bitsandbytes tells the two 4-bit codes apart the same way
         self.kernel = lib.gemv_4bit_inference_cpu_fp4_bf16 if fp4 else lib.gemv_4bit_inference_cpu_nf4_bf16
+        self.lut = states[0].code.to(torch.bfloat16).contiguous()  # [16]: the code as the fused kernels read it
+        self.own = own_kernel()  # None: bitsandbytes' function
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] (any float dtype) -> [M, N] fp32."""
+    def __call__(self, x: torch.Tensor, own: bool = True) -> torch.Tensor:
+        """x [M, K] (any float dtype) -> [M, N] fp32; own=False: through bitsandbytes' function."""
         a = x.to(torch.bfloat16).contiguous()  # [M, K]: the kernel reads bf16 rows
-        out = torch.empty(a.shape[0], self.N, dtype=torch.bfloat16)  # [M, N]
-        self.kernel(ct.c_int64(a.shape[0]), ct.c_int64(self.N), ct.c_int64(self.K), ct.c_void_p(a.data_ptr()),
-                    ct.c_void_p(self.weight.data_ptr()), ct.c_void_p(self.absmax.data_ptr()),
-                    ct.c_void_p(out.data_ptr()), ct.c_int64(self.blocksize), ct.c_int64(a.stride(0)),
-                    ct.c_int64(out.stride(0)))
+        M = a.shape[0]
+        out = torch.empty(M, self.N, dtype=torch.bfloat16)  # [M, N]
+        if self.own is not None and own:
+            self.own(M, self.N, self.K, a.data_ptr(), a.stride(0), self.weight.data_ptr(), self.absmax.data_ptr(),
+                     self.blocksize, self.lut.data_ptr(), out.data_ptr(), out.stride(0), torch.get_num_threads())
+        elif M:
+            self.kernel(ct.c_int64(M), ct.c_int64(self.N), ct.c_int64(self.K), ct.c_void_p(a.data_ptr()),
+                        ct.c_void_p(self.weight.data_ptr()), ct.c_void_p(self.absmax.data_ptr()),
+                        ct.c_void_p(out.data_ptr()), ct.c_int64(self.blocksize), ct.c_int64(a.stride(0)),
+                        ct.c_int64(out.stride(0)))
         return out.float()
 
 

@@ -92,3 +92,5 @@ def test_candidates_picked_in_c_are_the_sets_the_torch_ops_pick(M, product):
         assert 1 <= int(mine[m].sum()) < 64
     got = screen(X)  # the flat row goes the canonical way
     assert screen.recomputed >= 1 and int(got[0].argmax()) == int(head.canonical(X[0]).argmax())
+    strided = torch.cat([X, X], dim=1)[:, : X.shape[1]]  # rows 2D apart: what the C product reads must be x's rows
+    assert torch.equal(screen(strided).argmax(-1), torch.stack([head.canonical(x) for x in X]).argmax(-1))
