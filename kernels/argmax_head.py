@@ -40,7 +40,7 @@ Which product computes G, by measurement (2 threads, 49,152 x 576, ms for 2M col
     bf16 rounding of the result): on that EPYC 2.2-2.5 for 2 or 4 columns, 4.3 for 8, 8.2 for 16;
     on the Xeon 1.05 for one column, 1.35 for two. DOT screens x_hi alone, one column a row (see
     ArgmaxScreen: a wider bound, about two candidates a row more, for half the columns), so it
-    takes up to dot_columns() rows: 8 without AMX, 2 with it.
+    takes up to dot_rows() rows: 8 without AMX, 2 with it.
   * on AVX2 CPUs without AVX512-BF16 (where torch's bf16 product is slow), dense_cpu.c's product of
     the bf16 copy with x in fp32, summed in fp32 (DENSE: 4.5 ms a row against the fp32 head's 6.5-8
     ms on a 2-core AMD EPYC, 10 ms against 12-17 for 8 rows, scripts/profile_step.py).
@@ -66,7 +66,7 @@ U32 = 2.0**-24  # unit roundoff of float32
 MAX_CANDIDATES = 256  # more than this (a flat row): the canonical product is as cheap
 
 
-def dot_columns() -> int:
+def dot_rows() -> int:
     """The most rows (one column each: x_hi) the vdpbf16ps loop screens before torch's product is as fast."""
     return 2 if torch.cpu._is_amx_tile_supported() else 8
 
@@ -81,7 +81,7 @@ class ArgmaxScreen:
     """Argmax-exact logits of `head` (a GuardedHead) for rows of hidden states.
 
     product: "dense" (dense_cpu.c, x in fp32; AVX2 CPUs), "dot" (dense_cpu.c's vdpbf16ps loop up to
-    dot_columns() rows, torch's product beyond) or "torch"; None: the one for this CPU.
+    dot_rows() rows, torch's product beyond) or "torch"; None: the one for this CPU.
 
     DENSE computes g = W_hi @ x with x in fp32 and sums in fp32:
 
@@ -110,7 +110,7 @@ class ArgmaxScreen:
         if product != "torch" and self.kernel is None:
             raise RuntimeError(f"kernels/dense_cpu.c's {product} product does not serve this CPU")
         self.product = product
-        self.dot_columns = dot_columns()
+        self.dot_rows = dot_rows()
         wide = W.double()
         self.rounding_norm = ((wide - self.low.double()).norm(dim=1) * (1 + 1e-6)).float()  # |dW_v| [V]
         self.row_norm = (wide.norm(dim=1) * (1 + 1e-6)).float()  # |W_v| [V]
@@ -182,7 +182,7 @@ class ArgmaxScreen:
         """(g [M, V], its bound per unit |x| [V]) where a C product serves these rows, else None."""
         if self.product == "dense":
             return self.kernel(x), self.kernel_bound
-        if self.product == "dot" and x.shape[0] <= self.dot_columns:
+        if self.product == "dot" and x.shape[0] <= self.dot_rows:
             return self.kernel.loop(x.to(torch.bfloat16)), self.dot_bound  # x_hi alone: one column a row
         return None
 
