@@ -121,6 +121,7 @@ class ArgmaxScreen:
         self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * low_norm  # [V]: DENSE
         self.dot_bound = self.rounding_norm + (2.0**-8 + self.gamma * (1 + 2.0**-8) * (1 + 1e-3)) * low_norm  # DOT
         self.select = dense_cpu.candidate_selector() if product != "torch" else None  # C_m in C, after the loop
+        # (it lives in the same library as self.kernel: where one is there, so is the other)
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
 
@@ -157,20 +158,16 @@ class ArgmaxScreen:
         """x [M, D] fp32 -> (union [U], mine [M, U] bool): every row's candidates C (module docstring),
         slack = 2 eps_max |x| [M]. A row with no candidate or more than MAX_CANDIDATES (a flat row)
         has none in `mine` and is computed the canonical way."""
-        M = x.shape[0]
         picked = self.screen_in_c(x)
-        if picked is not None and self.select is not None:  # g [M, V] from the loop; C_m by dense_cpu.c
-            g, bound = picked
-            idx, count = self.select(g, bound, norms, slack, MAX_CANDIDATES)  # [M, cap], [M]
-            if M == 1:  # a one-token step: its candidates, ascending, are the union
-                c = int(count[0]) if int(count[0]) <= MAX_CANDIDATES else 0
-                return idx[0, :c], torch.ones(1, c, dtype=torch.bool)
-            rows = [idx[m, : int(count[m])] for m in range(M) if 0 < int(count[m]) <= MAX_CANDIDATES]
-            union = torch.unique(torch.cat(rows)) if rows else torch.empty(0, dtype=torch.long)  # [U], sorted
-            mine = torch.zeros(M, len(union), dtype=torch.bool)
-            for m in range(M):
-                if 0 < int(count[m]) <= MAX_CANDIDATES:
-                    mine[m, torch.searchsorted(union, idx[m, : int(count[m])])] = True
+        if picked is not None:  # g [M, V] from a C product; C_m by dense_cpu.c, each row's ascending
+            idx, count = self.select(*picked, norms, slack, MAX_CANDIDATES)  # [M, cap], [M]
+            kept = [c if c <= MAX_CANDIDATES else 0 for c in count.tolist()]  # 0: a NaN or flat row keeps none
+            if len(kept) == 1:  # a one-token step: its candidates are the union
+                return idx[0, : kept[0]], torch.ones(1, kept[0], dtype=torch.bool)
+            union = torch.unique(torch.cat([idx[m, :c] for m, c in enumerate(kept)]))  # [U], sorted
+            mine = torch.zeros(len(kept), len(union), dtype=torch.bool)
+            for m, c in enumerate(kept):
+                mine[m, torch.searchsorted(union, idx[m, :c])] = True
             return union, mine
         g, r = self.screen(x, norms)  # [V, M] each
         floor = (g - r).max(dim=0).values - slack  # [M]: L

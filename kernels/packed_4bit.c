@@ -98,6 +98,24 @@ TARGET __attribute__((always_inline)) static inline void tile(
     case 7: TILE(7, NB); break; default: TILE(8, NB); break;                                                    \
     }
 
+/* Blocks b0 .. b0 + nb - 1 for rows m0 .. m0 + R - 1: tiles of 4, 2 or 1 blocks (the constants tile takes). */
+TARGET static void blocks_for_rows(int64_t b0, int nb, int64_t m0, int R, int64_t N, int64_t K, int64_t bs,
+                                   const uint16_t *x, int64_t ldx, const uint8_t *w, const uint16_t *absmax,
+                                   __m512i lut, uint16_t *y, int64_t ldy) {
+    const uint16_t *xt = x + m0 * ldx;
+    for (int done = 0; done < nb;) {
+        const int take = nb - done >= 4 ? 4 : nb - done >= 2 ? 2 : 1;
+        const int64_t b = b0 + done;
+        const uint8_t *wb = w + b * 32 * (K / 2);
+        const uint16_t *sb = absmax + b * 32;
+        uint16_t *yt = y + m0 * ldy + b * 32;
+        if (take == 4) { ROWS_CASES(4) }
+        else if (take == 2) { ROWS_CASES(2) }
+        else { ROWS_CASES(1) }
+        done += take;
+    }
+}
+
 /* y [M, ldy] = x [M, ldx] @ W^T, all bf16 (as uint16), W in the packed layout above with N % 32 == 0,
  * K % bs == 0, bs even; lut16: code[q] as bf16, q = 0..15. Returns 0. */
 TARGET int spectui_packed_4bit(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const uint8_t *w,
@@ -113,17 +131,9 @@ TARGET int spectui_packed_4bit(int64_t M, int64_t N, int64_t K, const uint16_t *
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t b0 = t * per_tile;
-        const int NB = blocks - b0 < per_tile ? (int)(blocks - b0) : per_tile;
-        const uint8_t *wb = w + b0 * 32 * (K / 2);
-        const uint16_t *sb = absmax + b0 * 32;
-        for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
-            const int R = M - m0 < MAX_ROWS ? (int)(M - m0) : MAX_ROWS;
-            const uint16_t *xt = x + m0 * ldx;
-            uint16_t *yt = y + m0 * ldy + b0 * 32;
-            if (NB >= 4) { ROWS_CASES(4) }
-            else if (NB >= 2) { ROWS_CASES(2) if (NB == 3) { wb += 2 * 32 * (K / 2); sb += 64; yt += 64; ROWS_CASES(1) } }
-            else { ROWS_CASES(1) }
-        }
+        const int nb = blocks - b0 < per_tile ? (int)(blocks - b0) : per_tile; /* the last tile may be short */
+        for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS)
+            blocks_for_rows(b0, nb, m0, M - m0 < MAX_ROWS ? (int)(M - m0) : MAX_ROWS, N, K, bs, x, ldx, w, absmax, lut, y, ldy);
     }
     return 0;
 }
