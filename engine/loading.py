@@ -225,9 +225,9 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
     from transformers import AutoModelForCausalLM
 
     if dtype is None:
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        dtype = torch.float32  # also on CUDA: see quant_config
     kwargs = dict(dtype=dtype, attn_implementation=attn, device_map=device)
-    config = quant_config(quant, device)
+    config = quant_config(quant)
 
     def load(path: Path, quantize: bool):
         extra = {"quantization_config": config} if quantize and config is not None else {}

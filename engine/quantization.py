@@ -117,10 +117,16 @@ def keep_fp32_compute(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def quant_config(quant: str, device: str):
+def quant_config(quant: str):
     from transformers import BitsAndBytesConfig
 
-    compute = torch.bfloat16 if device == "cuda" else torch.float32
+    # float32 compute on CUDA too. There transformers' `generate` (SDPA attention, one-token passes
+    # through bitsandbytes' 4-bit GEMV) and the engine (the Triton tree kernel; tree passes through
+    # dequantize + GEMM) sum in different orders, and in bf16 that rounding flips near-ties: on a
+    # random LLaMA-7B in NF4 (H100, 2026-11-27, docs/gpu.md) each config, incremental included, left
+    # bf16 `generate` on some prompt within 8-28 tokens; with fp32 compute all gave its tokens.
+    # Lossless first; drafters stay bf16 (loading.drafter_dtype).
+    compute = torch.float32
     if quant in ("nf4", "fp4"):
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant, bnb_4bit_compute_dtype=compute)
     if quant == "int8":

@@ -199,6 +199,7 @@ def run(args: argparse.Namespace, report: dict) -> None:
             err = (run_tree().float() - want).abs().max().item()
             t_tree, t_mask, t_eager, t_floor = (bench(fn) for fn in (run_tree, run_masked, run_eager, run_floor))
             t_loop = back_to_back_us(run_tree)
+            g_tree, g_mask = graph_us(run_tree, bench), graph_us(run_masked, bench)
             gbs = kv_bytes(B, Hkv, P, T, D, q.element_size()) / (t_tree * 1e-6) / 1e9
             plan = launch_plan(B, Hq, Hkv, T, D, P, dtype, q.device)
             row = {
@@ -208,10 +209,19 @@ def run(args: argparse.Namespace, report: dict) -> None:
                 "tree_vs_sdpa_floor": t_tree / t_floor, "kernel_gbs": gbs, "pct_copy_peak": 100 * gbs / copy_peak,
                 "pct_spec_peak": 100 * gbs / spec if spec else None, "max_err_vs_sdpa_mask": err,
                 "plan": plan._asdict(),
+                "tree_graph_us": g_tree, "sdpa_mask_graph_us": g_mask,
+                "kernel_graph_gbs": kv_bytes(B, Hkv, P, T, D, q.element_size()) / (g_tree * 1e-6) / 1e9 if g_tree else None,
             }
+            if g_tree:
+                row["pct_copy_peak_graph"] = 100 * row["kernel_graph_gbs"] / copy_peak
+                row["graph_speedup_vs_sdpa_mask"] = g_mask / g_tree if g_mask else None
             print(f"{P:>6} {T:>4} | {t_tree:7.1f} {gbs:6.0f} {_fmt(row['pct_copy_peak'], '.1f', 5)}% "
                   f"{_fmt(row['pct_spec_peak'], '.1f', 5)}% {t_loop:6.1f} | {t_mask:9.1f} {t_mask / t_tree:6.2f}x |"
                   f" {t_eager:7.1f} {t_eager / t_tree:6.2f}x | {t_floor:7.1f} {t_tree / t_floor:8.2f}x | {err:8.1e}")
+            if g_tree:
+                print(f"{'':>11} replayed from a CUDA graph (no host launch cost): tree {g_tree:.1f} us, "
+                      f"{row['kernel_graph_gbs']:.0f} GB/s, {row['pct_copy_peak_graph']:.1f}% copy; sdpa+mask "
+                      f"{_fmt(g_mask, '.1f', 1)} us ({_fmt(row['graph_speedup_vs_sdpa_mask'], '.2f', 1)}x)")
             if args.sweep:
                 row["sweep"] = sweep(run_tree, bench, want, lambda **kw: launch_plan(B, Hq, Hkv, T, D, P, dtype,
                                                                                      q.device, **kw))
@@ -230,6 +240,25 @@ def back_to_back_us(fn, calls: int = 200) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def graph_us(fn, bench) -> float | None:
+    """Median time of `fn` replayed from a CUDA graph: the GPU's time without the host's launch cost,
+    which is what a decode step captured in CUDA graphs pays (the plain timings above include the
+    Python launcher, hundreds of us on the first H100 run). None where capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up off the capture stream, as torch's graph docs do
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return bench(graph.replay)
+    except Exception as exc:  # e.g. a host sync inside fn: report the plain timings alone
+        print(f"{'':>11} CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return None
 
 
 def sweep(run_tree, bench, want: torch.Tensor, plan_of) -> dict:

@@ -15,7 +15,8 @@
 #
 # Environment: PYTHON (python3, else .venv/bin/python where python3 has no torch), GPU_KIT_WHEELS (.whl), GPU_CHECK_SITE (/tmp/spectui-gpu-site),
 # GPU_CHECK_REPORT ($OUT, else reports/gpu), GPU_CHECK_BUDGET (570 s for steps 2-4),
-# GPU_CHECK_TEST_TIMEOUT (330 s), GPU_CHECK_MEASURE_TIMEOUT (180 s each).
+# GPU_CHECK_TEST_TIMEOUT (330 s), GPU_CHECK_MEASURE_TIMEOUT (180 s each), GPU_CHECK_WORKERS (6
+# pytest-xdist workers where xdist imports and CUDA is there).
 set -uo pipefail
 
 CALLER=$PWD
@@ -113,7 +114,12 @@ wanted() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 tests_rc=5  # pytest's "no tests ran": not a failure
 if wanted tests; then
-    step tests "$TEST_TIMEOUT" "$PYTHON" -m pytest -q -rP -m cuda tests/gpu -p no:cacheprovider --junitxml "$REPORT/gpu-tests.xml"
+    workers=()  # with pytest-xdist and a GPU, the kernel families compile in parallel (ptxas is slow cold)
+    if "$PYTHON" -c 'import sys, torch, xdist; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+        workers=(-n "${GPU_CHECK_WORKERS:-6}")
+    fi
+    step tests "$TEST_TIMEOUT" "$PYTHON" -m pytest -q -rP -m cuda tests/gpu -p no:cacheprovider "${workers[@]}" \
+        --junitxml "$REPORT/gpu-tests.xml"
     tests_rc=$?
 fi
 

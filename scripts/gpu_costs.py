@@ -4,8 +4,9 @@
 
 Measures, with the engine's own verification step (engine/calibrate.py: tree forward through the
 compiled Triton kernel, greedy acceptance, cache compaction; fastest of a few passes):
-  * c_verify(T) for T = 1 .. 128 of a random LLaMA-7B-shaped verifier, NF4 (bf16 compute, as the
-    engine loads it on CUDA) and unquantised fp16, at each prefix length;
+  * c_verify(T) for T = 1 .. 128 of a random LLaMA-7B-shaped verifier, NF4 with fp32 compute (as
+    the engine loads it: bf16 is not greedy-identical there), NF4 with bf16 compute (what fp32
+    costs) and unquantised fp16, at each prefix length;
   * c_draft: one SSM forward while drafting, for llama-68m and llama-160m shapes (bf16);
 and projects, for each published (tree size, tokens per step) of Sequoia and SpecInfer with a
 JackFram/llama-68m drafter on LLaMA(2)-7B, the speed-up over incremental decoding here:
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import gpu_models
 
+    from spectui.engine.quantization import quant_config
     from spectui.kernels.bench import copy_peak_gbs
     from spectui.kernels.hf_attention import register_tree_attention
 
@@ -123,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     report["copy_gbs"] = round(copy_peak_gbs(rep=100), 1)
     print(f"copy bandwidth {report['copy_gbs']:.0f} GB/s (read + write)", flush=True)
     base = gpu_models.random_llama("llama-7b", torch.float16, seed=0, attn=attn)
-    nf4 = gpu_models.to_nf4(base, torch.bfloat16)
-    for label, model in (("nf4", nf4), ("fp16", base)):
+    for label, model in (("nf4", None), ("nf4-bf16", None), ("fp16", base)):
+        if model is None:  # one NF4 copy at a time: fp32 compute as the engine loads it, then bf16
+            model = gpu_models.to_nf4(base, torch.bfloat16 if label == "nf4-bf16" else quant_config("nf4").bnb_4bit_compute_dtype)
         print(f"verifier llama-7b {label}:", flush=True)
         report["weights_gb"][label] = round(gpu_models.weight_bytes(model) / 1e9, 3)
         report["verifier"][label] = verify_curve(model, tok, prefixes)
@@ -133,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         report.setdefault("decode", {})[label] = dict(tokens_per_s=round(1000 / c1, 1), bandwidth_limit=round(limit, 1),
                                                       share_of_limit=round(1000 / c1 / limit, 3))
         print(f"  decode {1000 / c1:.1f} tokens/s; bandwidth limit {limit:.1f} ({1000 / c1 / limit:.0%})", flush=True)
-    del nf4, base
+        del model
+        torch.cuda.empty_cache()
+    del base
     torch.cuda.empty_cache()
     for shape in ("llama-68m", "llama-160m"):
         report["draft_ms"][shape] = draft_cost(shape)

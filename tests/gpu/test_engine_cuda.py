@@ -7,9 +7,10 @@ compiled Triton kernel (`spectui_tree` attention); `generate` runs one-token pas
 Speculators: the n-gram drafter, the verifier itself as an SSM (near-perfect: long acceptances),
 a random llama-68m-shaped SSM (rejections), fixed trees, the auto tree and vote merge.
 
-Compute dtypes: float32 (the tree logic is checked, with rounding far below the logit gaps) and
-bfloat16, the engine's default on CUDA, where a tree pass and a one-token pass round differently
-(different GEMM kernels), so a near-tie can flip; the test reports where a run first differs.
+Compute dtype: float32, the engine's on CUDA (engine/quantization.py). In bfloat16 a tree pass and
+`generate`'s one-token passes round differently (different GEMM and attention kernels) and near-ties
+flip: the first H100 run (2026-11-27, docs/gpu.md) saw every config, incremental included, leave
+`generate` within 8-28 tokens on some prompt, which is why the engine computes in float32 there.
 """
 
 from __future__ import annotations
@@ -59,11 +60,13 @@ def bad_ssm():
     return gpu_models.random_llama("llama-68m", torch.bfloat16, seed=1)
 
 
-@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def verifier(request, base_7b):
+@pytest.fixture(scope="module")
+def verifier(base_7b):
     import gpu_models
 
-    model = gpu_models.to_nf4(base_7b, request.param)
+    from spectui.engine.quantization import quant_config
+
+    model = gpu_models.to_nf4(base_7b, quant_config("nf4").bnb_4bit_compute_dtype)  # as the engine loads it
     yield model
     del model
     torch.cuda.empty_cache()
@@ -131,15 +134,17 @@ def test_random_7b_nf4_greedy_identical(verifier, bad_ssm, tok, record_property)
 def test_tree_pass_matches_masked_sdpa_across_sizes_and_prefixes(base_7b):
     """The verifier's tree pass through the Triton kernel against the same pass through masked SDPA
     (the torch reference), over tree sizes 8..128 and prefixes up to 2k, fp16 through 32 layers:
-    logits within 2 % of their largest magnitude, and the same argmax at >= 95 % of nodes (a node
-    whose top two logits lie within that rounding may flip either way)."""
+    logits within 2 % of their largest magnitude, and the same argmax at every node whose top two
+    reference logits lie more than twice the row's largest difference apart (|a - b| <= d on a row
+    and a gap above 2d leave its argmax no room to move; a random model has many near-ties, and
+    the first H100 run flipped 1 of 8 within the rounding)."""
     import os
 
     from spectui.engine.cached_model import CachedModel
     from spectui.engine.tree import TokenTree
 
     g = torch.Generator().manual_seed(3)
-    worst = 0.0
+    worst, ties = 0.0, 0
     for prefix_len in (16, 512, 2000):
         prefix = torch.randint(3, 32000, (prefix_len,), generator=g).tolist()
         for size in (8, 32, 64, 128):
@@ -160,6 +165,12 @@ def test_tree_pass_matches_masked_sdpa_across_sizes_and_prefixes(base_7b):
             diff = (a - b).abs().max().item() / b.abs().max().item()
             worst = max(worst, diff)
             assert diff < 2e-2, f"prefix {prefix_len}, tree {size}: relative logit difference {diff:.2e}"
-            agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-            assert agree >= 0.95, f"prefix {prefix_len}, tree {size}: argmax agrees on {agree:.0%} of nodes"
-    print(f"tree pass, Triton vs masked SDPA, 32 fp16 layers: worst relative logit difference {worst:.2e}")
+            row_diff = (a - b).abs().amax(-1)  # [size]
+            top2 = b.topk(2, dim=-1).values  # [size, 2]
+            decided = top2[:, 0] - top2[:, 1] > 2 * row_diff
+            flipped = decided & (a.argmax(-1) != b.argmax(-1))
+            assert not flipped.any(), (f"prefix {prefix_len}, tree {size}: argmax differs at {int(flipped.sum())} "
+                                       f"of {int(decided.sum())} decided nodes")
+            ties += int((~decided).sum())
+    print(f"tree pass, Triton vs masked SDPA, 32 fp16 layers: worst relative logit difference {worst:.2e}; "
+          f"{ties} near-tie nodes left unchecked")

@@ -4,15 +4,15 @@ Every check compares `tree_attention_triton` with `tree_attention_reference` eva
 on the same already-rounded fp16/bf16 inputs, |got - want| <= atol + rtol * |want| with the
 tolerances of tests/kernels/test_tree_attention.py (TOL below).
 
-  * test_random_trees_match_reference: >= 500 seeded random cases (random trees and forests,
+  * test_random_trees_match_reference[familyN]: >= 500 seeded random cases (random trees and forests,
     T in 1..128, prefix P in 0..4096 with the edge sizes 0, 1, 333, 1000, 4095, 4096, batch 1..3,
     GQA groups 1, 2, 3, 4, 7, 8, head dims 64/80/96/128, fp16 and bf16, num_splits auto or forced
     1/3/7). Each distinct constexpr set is a separate compile, so the cases come from FAMILIES:
     each fixes the heads, head dim, dtype, split mode, batch and a tree-size range (hence BLOCK_M),
     and is compiled a few times (triton specialises int arguments equal to 1 or multiples of 16) for
-    its 28 cases; every case runs even after a failure, and all failures are listed. It reports the
-    count and the worst errors (printed, shown by `pytest -rP`; and as junit testsuite properties
-    kernel_cases, kernel_trees, kernel_max_abs_err, kernel_max_tol_ratio, ...).
+    its 28 cases, one test per family (pytest-xdist compiles them in parallel); every case runs even
+    after a failure, and all failures are listed. Each reports its count and worst errors (printed,
+    shown by `pytest -rP`; and as junit properties kernel_cases, kernel_max_tol_ratio, ...).
   * test_llama7b_tree_and_prefix_sweep: T in (1, 8, 16, 32, 64, 128) x P in (0, 512, 2048, 4096),
     Hq = Hkv = 32, D = 128, fp16 (the shape the benchmark times).
   * the verifier's call (kernels/hf_attention.py): q a transposed view of [B, T, Hq, D], out= a
@@ -150,13 +150,16 @@ def draw_case(fam: Family, gen: torch.Generator, edge: int | None, max_p: int = 
     return T, P, mask
 
 
-def cases(count: int, seed: int = 0, max_p: int = MAX_P):
+def cases(count: int, seed: int = 0, max_p: int = MAX_P, families: range | list[int] | None = None):
     """Yield (family, T, P, mask) for `count` cases spread evenly over FAMILIES (family-major order,
     so a family's compiles happen together); every EDGE_EVERY-th case of a family, from its second
-    on, is an edge case."""
+    on, is an edge case. `families` (indices into FAMILIES) keeps those families' share alone, the
+    same trees, sizes and prefixes they get in the whole run."""
     per_family = math.ceil(count / len(FAMILIES))
     edges = math.ceil((per_family - 1) / EDGE_EVERY)  # edge cases per family
     for index, fam in enumerate(FAMILIES):
+        if families is not None and index not in families:
+            continue
         gen = torch.Generator().manual_seed(seed * 1000 + index)
         for j in range(per_family):
             edge = edges * index + j // EDGE_EVERY if j % EDGE_EVERY == 1 else None
@@ -184,13 +187,15 @@ def run_case(fam: Family, T: int, P: int, mask: torch.Tensor, device: str, seed:
     return error_ratio(got, want, fam.dtype)
 
 
-def check_cases(device: str, count: int, seed: int = 0, max_p: int = MAX_P) -> dict:
-    """Run `count` (rounded up to a multiple of len(FAMILIES)) random cases on `device`. Returns counts,
+def check_cases(device: str, count: int, seed: int = 0, max_p: int = MAX_P,
+                families: range | list[int] | None = None) -> dict:
+    """Run `count` (rounded up to a multiple of len(FAMILIES)) random cases on `device`, or the share
+    of `families` (indices) alone. Returns counts,
     worst errors and `failures`: one line per case out of tolerance or raising (all cases run, so one
     GPU run shows every failing shape, not just the first)."""
     stats = {"cases": 0, "trees": 0, "families": len(FAMILIES), "max_abs_err": {}, "max_tol_ratio": 0.0,
              "worst_case": "", "failures": []}
-    for i, (fam, T, P, mask) in enumerate(cases(count, seed, max_p)):
+    for i, (fam, T, P, mask) in enumerate(cases(count, seed, max_p, families)):
         where = f"case {i}: {fam}, T={T}, P={P}"
         try:
             abs_err, ratio = run_case(fam, T, P, mask, device, seed=seed * 100_000 + i)
@@ -219,15 +224,24 @@ def _fp32_reference():
     torch.set_float32_matmul_precision(saved)
 
 
-def test_random_trees_match_reference(record_testsuite_property):
-    stats = check_cases(DEVICE, MIN_CASES)
-    for key, value in stats.items():  # junit xml (--junitxml): <testsuite><properties> kernel_cases, ...
-        record_testsuite_property(f"kernel_{key}", value if key != "failures" else len(value))
-    print(f"\nkernel vs reference: {stats['cases']} cases ({stats['trees']} trees, {stats['families']} families), "
+def test_the_families_hold_at_least_500_cases():
+    per_family = math.ceil(MIN_CASES / len(FAMILIES))
+    assert per_family * len(FAMILIES) >= MIN_CASES
+
+
+@pytest.mark.parametrize("family", range(len(FAMILIES)), ids=[f"family{i}" for i in range(len(FAMILIES))])
+def test_random_trees_match_reference(family, record_property):
+    """One family's share of the >= 500 cases: a test each, so that pytest-xdist compiles the
+    families in parallel (a cold triton cache compiles each constexpr set with ptxas: one process
+    took over 100 s for the first families on the H100)."""
+    stats = check_cases(DEVICE, MIN_CASES, families=[family])
+    for key, value in stats.items():  # junit xml (--junitxml): <testcase><properties> kernel_cases, ...
+        record_property(f"kernel_{key}", value if key != "failures" else len(value))
+    print(f"\nkernel vs reference, {FAMILIES[family]}: {stats['cases']} cases ({stats['trees']} trees), "
           f"max |err| {stats['max_abs_err']}, worst {stats['max_tol_ratio']:.2f}x tolerance at {stats['worst_case']}; "
           f"{len(stats['failures'])} failures")
     assert not stats["failures"], f"{len(stats['failures'])} failing cases:\n" + "\n".join(stats["failures"][:40])
-    assert stats["cases"] >= MIN_CASES and stats["trees"] >= MIN_CASES
+    assert stats["cases"] == math.ceil(MIN_CASES / len(FAMILIES))
 
 
 @pytest.mark.parametrize("P", [0, 512, 2048, 4096])
