@@ -39,9 +39,10 @@ import torch
 
 from . import native
 
-# spectui_packed_4bit(M, N, K, x, ldx, w, absmax, bs, lut16, y, ldy, threads)
+# spectui_packed_4bit(M, N, K, x, ldx, w, absmax, bs, lut16, y, ldy, threads, mode)
 ARGTYPES = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64,
-            ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
+            ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int, ct.c_int]
+OUT_BF16, OUT_F32, OUT_ADD_F32 = 0, 1, 2  # y bf16; y fp32 = those bf16 values; y fp32 += them
 
 
 def own_kernel():
@@ -74,15 +75,22 @@ class Packed4bit:
         self.lut = states[0].code.to(torch.bfloat16).contiguous()  # [16]: the code as the fused kernels read it
         self.own = own_kernel()  # None: bitsandbytes' function
 
-    def __call__(self, x: torch.Tensor, own: bool = True) -> torch.Tensor:
-        """x [M, K] (any float dtype) -> [M, N] fp32; own=False: through bitsandbytes' function."""
+    def __call__(self, x: torch.Tensor, own: bool = True, into: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] (any float dtype) -> [M, N] fp32, bf16-rounded as bitsandbytes' output; own=False:
+        through bitsandbytes' function. into: fp32 [M, N] (rows contiguous) that the result is added
+        to in place, `into + result` to the bit (our kernel only); returns it."""
         a = x.to(torch.bfloat16).contiguous()  # [M, K]: the kernel reads bf16 rows
         M = a.shape[0]
-        out = torch.empty(M, self.N, dtype=torch.bfloat16)  # [M, N]
         if self.own is not None and own:
+            out = into if into is not None else torch.empty(M, self.N, dtype=torch.float32)  # [M, N]
             self.own(M, self.N, self.K, a.data_ptr(), a.stride(0), self.weight.data_ptr(), self.absmax.data_ptr(),
-                     self.blocksize, self.lut.data_ptr(), out.data_ptr(), out.stride(0), torch.get_num_threads())
-        elif M:
+                     self.blocksize, self.lut.data_ptr(), out.data_ptr(), out.stride(0), torch.get_num_threads(),
+                     OUT_F32 if into is None else OUT_ADD_F32)
+            return out
+        if into is not None:
+            raise ValueError("Packed4bit(into=...) needs kernels/packed_4bit.c")
+        out = torch.empty(M, self.N, dtype=torch.bfloat16)  # [M, N]
+        if M:
             self.kernel(ct.c_int64(M), ct.c_int64(self.N), ct.c_int64(self.K), ct.c_void_p(a.data_ptr()),
                         ct.c_void_p(self.weight.data_ptr()), ct.c_void_p(self.absmax.data_ptr()),
                         ct.c_void_p(out.data_ptr()), ct.c_int64(self.blocksize), ct.c_int64(a.stride(0)),

@@ -79,5 +79,8 @@ def test_spectuis_kernel_gives_bitsandbytes_bits_for_any_rows_and_threads(quant_
                 torch.set_num_threads(threads)
             assert torch.equal(fused(x[:rows]), expected), f"{rows} rows"
             assert torch.equal(alone, expected), f"{rows} rows, one thread"
+            residual = torch.randn(rows, shape[1]) * 5  # into=: the residual add done in the kernel, torch's bits
+            summed = fused(x[:rows], into=residual.clone())
+            assert torch.equal(summed, residual + expected), f"{rows} rows added into a residual"
         assert torch.equal(fused(x[:0]), torch.empty(0, shape[1]))
         assert not torch.equal(expected, torch.zeros_like(expected))

@@ -1,0 +1,72 @@
+/* The glue between a LLaMA layer's kernels on CPU, with the bits of transformers' torch ops.
+ *
+ * kernels/glue_cpu.py calls these from engine/lean_model.py. Each replaces several small torch ops
+ * (a few us each at decode sizes) by one call, and computes every element with the same IEEE
+ * operations in the same order: no fused multiply-add (built with -ffp-contract=off, see native.py),
+ * no reassociation.
+ *
+ * spectui_rms_scale: the tail of LlamaRMSNorm, given var[r] = mean(h[r]^2) from torch (its sum order
+ * is torch's own), then the bf16 rounding of the 4-bit kernel's input:
+ *     out[r, i] = bf16( w[i] * (h[r, i] * (1 / sqrt(var[r] + eps))) )
+ * torch: `var + eps` (eps as float), rsqrt = 1 / sqrt (both correctly rounded), two products, then
+ * .to(bfloat16): round to nearest even, NaN to 0x7FC0 (c10::BFloat16).
+ *
+ * spectui_rope_store: apply_rotary_pos_emb on the q and k heads of one q|k|v row block, then the
+ * cache writes:
+ *     y[d] = x[d] cos[d] + r[d] sin[d],  r = (-x[D/2:], x[:D/2])     (each product rounded, then the sum)
+ * q heads go to q [Hq, T, D]; k heads, rotated, and v heads, copied, to the cache at
+ * k + h * ld + t * D and v + h * ld + t * D.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t rounded = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    return f != f ? (uint16_t)0x7FC0 : rounded; /* a select: the loops below vectorize */
+}
+
+/* h [rows, n] fp32, var [rows] fp32, w [n] fp32 -> out [rows, n] bf16 (as uint16). */
+int spectui_rms_scale(int64_t rows, int64_t n, const float *h, const float *var, float eps, const float *w,
+                      uint16_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float s = 1.0f / sqrtf(var[r] + eps);
+        const float *hr = h + r * n;
+        uint16_t *o = out + r * n;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            const float x = hr[i] * s;
+            o[i] = to_bf16(w[i] * x);
+        }
+    }
+    return 0;
+}
+
+/* qkv [T, ldqkv] fp32 holding (Hq + 2 Hkv) heads of D; cos, sin [T, D] fp32; q out [Hq, T, D];
+ * k, v: the cache's rows for these T positions, head h at k + h * ld. */
+int spectui_rope_store(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const float *qkv, int64_t ldqkv,
+                       const float *cos, const float *sin, float *q, float *k, float *v, int64_t ld) {
+    const int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = qkv + t * ldqkv, *c = cos + t * D, *s = sin + t * D;
+        for (int64_t head = 0; head < Hq + Hkv; head++) {
+            const float *x = row + head * D;
+            float *y = head < Hq ? q + (head * T + t) * D : k + (head - Hq) * ld + t * D;
+#pragma omp simd
+            for (int64_t d = 0; d < half; d++) {
+                const float a = x[d] * c[d], b = (-x[d + half]) * s[d];
+                y[d] = a + b;
+            }
+#pragma omp simd
+            for (int64_t d = half; d < D; d++) {
+                const float a = x[d] * c[d], b = x[d - half] * s[d];
+                y[d] = a + b;
+            }
+        }
+        for (int64_t head = 0; head < Hkv; head++)
+            memcpy(v + head * ld + t * D, row + (Hq + Hkv + head) * D, (size_t)D * sizeof(float));
+    }
+    return 0;
+}

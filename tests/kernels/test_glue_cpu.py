@@ -1,0 +1,58 @@
+"""kernels/glue_cpu.c gives the bits of the torch ops it replaces in LeanModel (engine/lean_model.py):
+LlamaRMSNorm's tail rounded to bf16, and apply_rotary_pos_emb with the cache writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectui.engine.lean_model import rms_norm, rotate
+from spectui.kernels.glue_cpu import glue
+
+GLUE = glue()
+pytestmark = pytest.mark.skipif(GLUE is None, reason="kernels/glue_cpu.c is not built here (no AVX2 or no compiler)")
+
+
+def awkward(*shape: int, seed: int) -> torch.Tensor:
+    """Gaussian values at many scales, with zeros, signed zeros, tiny and huge entries mixed in."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-20, 20, shape, generator=g).float())
+    flat = x.view(-1)
+    picks = torch.randint(0, flat.numel(), (max(1, flat.numel() // 50),), generator=g)
+    flat[picks] = torch.tensor([0.0, -0.0, 1e-40, -3e38, 3e38, 1.5e-39])[torch.arange(len(picks)) % 6]
+    return x
+
+
+@pytest.mark.parametrize("rows,n", [(1, 576), (3, 576), (7, 64), (2, 4096)])
+def test_rms_norm_bf16_is_the_torch_bits(rows, n):
+    g = torch.Generator().manual_seed(rows * n)
+    for seed in range(4):
+        h = awkward(rows, n, seed=seed)
+        weight = torch.randn(n, generator=g) * 2
+        for eps in (1e-5, 1e-6, 0.1):
+            want = rms_norm(h[None], (weight, eps))[0].to(torch.bfloat16)  # [rows, n]
+            got = GLUE.rms_norm_bf16(h, weight, eps)
+            assert got.dtype == torch.bfloat16
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (seed, eps)
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,D", [(1, 9, 3, 64), (5, 9, 3, 64), (3, 8, 8, 128), (2, 4, 1, 80)])
+def test_rope_store_is_the_torch_bits(T, Hq, Hkv, D):
+    qkv = awkward(T, (Hq + 2 * Hkv) * D, seed=T + Hq)
+    positions = torch.arange(40, 40 + T, dtype=torch.float32)
+    freqs = positions[:, None] * (10000.0 ** (-torch.arange(0, D, 2).float() / D))[None]  # [T, D/2]
+    angles = torch.cat([freqs, freqs], dim=-1)  # [T, D]
+    cos, sin = angles.cos(), angles.sin()
+    capacity, start = 64, 17
+    cache = torch.full((2, 1, Hkv, capacity, D), 7.0)  # [2, B, Hkv, capacity, D]
+    expected = cache.clone()
+
+    qk, v = qkv.split([(Hq + Hkv) * D, Hkv * D], dim=-1)
+    qk = rotate(qk.view(1, T, Hq + Hkv, D).transpose(1, 2), cos[None, None], sin[None, None])  # LeanModel's torch path
+    expected[0, :, :, start:start + T] = qk[:, Hq:]
+    expected[1, :, :, start:start + T] = v.view(1, T, Hkv, D).transpose(1, 2)
+
+    q = GLUE.rope_store(qkv, cos, sin, Hq, Hkv, cache[0, 0, :, start:start + T], cache[1, 0, :, start:start + T])
+    assert q.shape == (1, Hq, T, D)
+    assert torch.equal(q.view(torch.int32), qk[:, :Hq].contiguous().view(torch.int32))
+    assert torch.equal(cache.view(torch.int32), expected.view(torch.int32))  # nothing written outside the T rows
