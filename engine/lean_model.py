@@ -17,7 +17,8 @@ seven Linear4bit wrappers (casts, dispatch, allocation) around 3-8 us kernels. H
   * where kernels/packed_4bit.c runs the 4-bit layers, the glue is C with torch's bits
     (kernels/glue_cpu.c): each norm's tail and bf16 rounding is one call, rotary of q and k with
     both cache writes another, and o's and down's outputs are added into the residual stream by the
-    4-bit kernel itself: about 30 torch ops a layer become 12 (a one-token step 1.1-1.25x faster).
+    4-bit kernel itself: about 30 torch ops a layer become 12 (a one-token step 1.1-1.25x faster);
+  * the cache's views for all layers are made once a call, not a dozen a layer.
 
 The engine feeds one sequence (B = 1); `run` also takes B left-padded sequences at once, which
 engine/batch_generate.py uses to answer many prompts together (spectui tune's data).
@@ -228,31 +229,33 @@ class LeanModel:
         if mask is not None and self.exact:
             mask = prepare_mask(mask, Hq, Hkv)  # once for all layers
         glue = self.glue if B == 1 else None
+        keys, values = self.kv[:, 0, :, :, :S], self.kv[:, 1, :, :, :S]  # [L, B, Hkv, S, D]: views made once a call
         if glue is not None:
             cos2, sin2 = cos[0, 0].contiguous(), sin[0, 0].contiguous()  # [T, D]
+            new_k, new_v = keys[:, 0, :, start:], values[:, 0, :, start:]  # [L, Hkv, T, D]
+            rows = h.view(T, -1)  # [T, H]: h is this call's own tensor (the embedding's), updated in place
         for index, layer in enumerate(self.layers):
-            cache = self.kv[index]  # [2, B, Hkv, capacity, D]
-            if glue is not None:  # the same bits as the torch ops below, in two calls
-                x = glue.rms_norm_bf16(h.view(T, -1), *layer.norm_in)  # [T, H] bf16
-                q = glue.rope_store(layer.qkv(x), cos2, sin2, Hq, Hkv, cache[0, 0, :, start:S], cache[1, 0, :, start:S])
+            if glue is not None:  # the same bits as the torch ops below, in fewer calls
+                x = glue.rms_norm_bf16(rows, *layer.norm_in)  # [T, H] bf16
+                q = glue.rope_store(layer.qkv(x), cos2, sin2, Hq, Hkv, new_k[index], new_v[index])  # [1, Hq, T, D]
             else:
                 x = rms_norm(h, layer.norm_in).view(B * T, -1)
                 qk, v = layer.qkv(x).split([(Hq + Hkv) * D, Hkv * D], dim=-1)  # [BT, (Hq+Hkv)*D], [BT, Hkv*D]
                 qk = rotate(qk.view(B, T, Hq + Hkv, D).transpose(1, 2), cos, sin)  # [B, Hq+Hkv, T, D]: q and k at once
-                cache[0, :, :, start:S] = qk[:, Hq:]
-                cache[1, :, :, start:S] = v.view(B, T, Hkv, D).transpose(1, 2)
+                keys[index][:, :, start:] = qk[:, Hq:]
+                values[index][:, :, start:] = v.view(B, T, Hkv, D).transpose(1, 2)
                 q = qk[:, :Hq]
-            out = self.attend(q, cache[0, :, :, :S], cache[1, :, :, :S], mask, layer.scaling)  # [B, Hq, T, D]
+            out = self.attend(q, keys[index], values[index], mask, layer.scaling)  # [B, Hq, T, D]
             out = out.transpose(1, 2).reshape(B * T, Hq * D)  # [BT, Hq*D]
-            if glue is not None:  # h is this call's own tensor (the embedding's output): added to in place
-                layer.o.packed(out, into=h.view(T, -1))
-                x = glue.rms_norm_bf16(h.view(T, -1), *layer.norm_post)
+            if glue is not None:
+                layer.o.packed(out, into=rows)  # h += o(out), in the kernel
+                x = glue.rms_norm_bf16(rows, *layer.norm_post)
             else:
                 h = h + layer.o(out).view(B, T, -1)  # [B, T, H]
                 x = rms_norm(h, layer.norm_post).view(B * T, -1)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [BT, I] each
             if glue is not None:
-                layer.down.packed(F.silu(gate) * up, into=h.view(T, -1))
+                layer.down.packed(F.silu(gate) * up, into=rows)
             else:
                 h = h + layer.down(F.silu(gate) * up).view(B, T, -1)
         self._length = S

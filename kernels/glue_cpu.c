@@ -5,11 +5,11 @@
  * operations in the same order: no fused multiply-add (built with -ffp-contract=off, see native.py),
  * no reassociation.
  *
- * spectui_rms_scale: the tail of LlamaRMSNorm, given var[r] = mean(h[r]^2) from torch (its sum order
- * is torch's own), then the bf16 rounding of the 4-bit kernel's input:
- *     out[r, i] = bf16( w[i] * (h[r, i] * (1 / sqrt(var[r] + eps))) )
- * torch: `var + eps` (eps as float), rsqrt = 1 / sqrt (both correctly rounded), two products, then
- * .to(bfloat16): round to nearest even, NaN to 0x7FC0 (c10::BFloat16).
+ * spectui_rms_scale: the tail of LlamaRMSNorm, given sumsq[r] = sum(h[r]^2) from torch (its sum
+ * order is torch's own), then the bf16 rounding of the 4-bit kernel's input:
+ *     out[r, i] = bf16( w[i] * (h[r, i] * (1 / sqrt(sumsq[r] / n + eps))) )
+ * torch: mean on CPU is the sum divided by n, `var + eps` (eps as float), rsqrt = 1 / sqrt (all
+ * correctly rounded), two products, then .to(bfloat16): round to nearest even, NaN to 0x7FC0.
  *
  * spectui_rope_store: apply_rotary_pos_emb on the q and k heads of one q|k|v row block, then the
  * cache writes:
@@ -28,11 +28,12 @@ static inline uint16_t to_bf16(float f) {
     return f != f ? (uint16_t)0x7FC0 : rounded; /* a select: the loops below vectorize */
 }
 
-/* h [rows, n] fp32, var [rows] fp32, w [n] fp32 -> out [rows, n] bf16 (as uint16). */
-int spectui_rms_scale(int64_t rows, int64_t n, const float *h, const float *var, float eps, const float *w,
+/* h [rows, n] fp32, sumsq [rows] fp32, w [n] fp32 -> out [rows, n] bf16 (as uint16). */
+int spectui_rms_scale(int64_t rows, int64_t n, const float *h, const float *sumsq, float eps, const float *w,
                       uint16_t *out) {
     for (int64_t r = 0; r < rows; r++) {
-        const float s = 1.0f / sqrtf(var[r] + eps);
+        const float var = sumsq[r] / (float)n;
+        const float s = 1.0f / sqrtf(var + eps);
         const float *hr = h + r * n;
         uint16_t *o = out + r * n;
 #pragma omp simd

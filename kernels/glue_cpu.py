@@ -15,7 +15,7 @@ import torch
 from . import native
 
 I64, PTR = ct.c_int64, ct.c_void_p
-# spectui_rms_scale(rows, n, h, var, eps, w, out)
+# spectui_rms_scale(rows, n, h, sumsq, eps, w, out)
 RMS_ARGS = [I64, I64, PTR, PTR, ct.c_float, PTR, PTR]
 # spectui_rope_store(T, Hq, Hkv, D, qkv, ldqkv, cos, sin, q, k, v, ld)
 ROPE_ARGS = [I64, I64, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR, I64]
@@ -28,10 +28,11 @@ class Glue:
     def rms_norm_bf16(self, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """LlamaRMSNorm of fp32 rows h [N, H] with fp32 weight [H], rounded to bf16 as the 4-bit
         kernel reads it: (weight * (h * rsqrt(mean(h^2) + eps))).to(bfloat16) -> [N, H] bf16.
-        The mean stays torch's (its summation order is the reference's)."""
-        var = h.pow(2).mean(-1)  # [N] fp32
+        The sum of squares stays torch's (its summation order is the reference's); torch's mean on
+        CPU is that sum divided by H, which the C side does."""
+        sumsq = h.pow(2).sum(-1)  # [N] fp32
         out = torch.empty(h.shape, dtype=torch.bfloat16)
-        self._rms(h.shape[0], h.shape[1], h.data_ptr(), var.data_ptr(), eps, weight.data_ptr(), out.data_ptr())
+        self._rms(h.shape[0], h.shape[1], h.data_ptr(), sumsq.data_ptr(), eps, weight.data_ptr(), out.data_ptr())
         return out
 
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
