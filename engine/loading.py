@@ -243,8 +243,10 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         install_guarded_head(model)  # argmax-exact logits for tree passes (kernels/guarded_head.py)
         native.get("exact_attention", kernel_dir)  # built here, in the cache, rather than at the first call
         dense_cpu.prepare(kernel_dir)  # the output screen's product (and the drafters'), likewise
+        native.get("screen_int8", kernel_dir)  # the screen's int8 product (AVX512-VNNI)
         if quant in ("nf4", "fp4"):
             packed_4bit.prepare(kernel_dir)  # bitsandbytes' fused product, 8 rows a decoded weight (AVX512-BF16)
+            native.get("glue_cpu", kernel_dir)  # the glue between LeanModel's kernels
             model.spectui_4bit = install_4bit_kernel(model, kernel_dir).describe()
     elif config is not None and device == "cpu":
         keep_fp32_compute(model)
