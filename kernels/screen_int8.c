@@ -1,13 +1,14 @@
 /* The output screen's product from an int8 copy of the output layer (kernels/screen_int8.py).
  *
  * Row v of the layer is kept as codes q_v (int8, |q| <= 127) and one fp32 scale s_v; an input row
- * x_m comes as two int8 levels, x ~ t_hi p_hi + t_lo p_lo, each code stored plus 128 (unsigned, as
- * vpdpbusd reads its first operand). With A = sum_i q_vi p_i, exact in int32 (|A| <= D 127^2):
+ * x_m comes as two int8 levels, x ~ t (128 p_hi + p_lo) (screen_int8.py: t_hi = 128 t, |p_lo| <= 65),
+ * each code stored plus 128 (unsigned, as vpdpbusd reads its first operand). Per lane the two
+ * accumulators combine as 128 acc_hi + acc_lo (below 2^31 for D <= 4,096), one reduction a row:
  *
- *     sum_i q_vi (p_i + 128) = A + 128 sum_i q_vi          -> A = that - 128 colsum_v
- *     g[m, v] = s_v (t_hi A_hi + t_lo A_lo)                 (in double, rounded once to float)
+ *     sum_i q_vi (128 (p_hi + 128) + (p_lo + 128)) = A + 129 * 128 colsum_v,   A = sum_i q_vi (128 p_hi + p_lo)
+ *     g[m, v] = s_v t A                                     (in double, rounded once to float)
  *
- * which is exactly (s_v q_v) . (t_hi p_hi + t_lo p_lo) up to that last rounding; screen_int8.py bounds
+ * which is exactly (s_v q_v) . (t (128 p_hi + p_lo)) up to that last rounding; screen_int8.py bounds
  * the rest. The layer is read once for up to four input rows (eight accumulators); D % 64 == 0.
  *
  * spectui_quantize_int8 makes the copy at load in one pass: s_v = max_i |W_vi| / 127, q = round(W / s_v)
@@ -22,7 +23,7 @@
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define ROWS 4 /* input rows sharing each loaded weight vector */
 
-/* w [V, D] int8; scale [V]; colsum [V]; x [M, 2, D] uint8 (hi, then lo codes + 128); t [M, 2];
+/* w [V, D] int8; scale [V]; colsum [V]; x [M, 2, D] uint8 (hi, then lo codes + 128); t [M];
  * g [M, V] out. Returns 0. */
 TARGET int spectui_screen_int8(int64_t M, int64_t V, int64_t D, const int8_t *w, const float *scale,
                                const int32_t *colsum, const uint8_t *x, const float *t, float *g, int threads) {
@@ -39,12 +40,11 @@ TARGET int spectui_screen_int8(int64_t M, int64_t V, int64_t D, const int8_t *w,
                 for (int j = 0; j < 2 * R; j++) /* row m0 + j / 2, level j % 2 */
                     acc[j] = _mm512_dpbusd_epi32(acc[j], _mm512_loadu_si512(x + ((m0 + j / 2) * 2 + j % 2) * D + c * 64), wv);
             }
-            const int64_t shift = 128 * (int64_t)colsum[v];
+            const int64_t shift = 129 * 128 * (int64_t)colsum[v];
             for (int r = 0; r < R; r++) {
-                const int64_t hi = (int64_t)_mm512_reduce_add_epi32(acc[2 * r]) - shift;
-                const int64_t lo = (int64_t)_mm512_reduce_add_epi32(acc[2 * r + 1]) - shift;
-                const float *tm = t + 2 * (m0 + r);
-                g[(m0 + r) * V + v] = (float)((double)scale[v] * ((double)tm[0] * (double)hi + (double)tm[1] * (double)lo));
+                const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(acc[2 * r], 7), acc[2 * r + 1]);
+                const int64_t A = (int64_t)_mm512_reduce_add_epi32(both) - shift;
+                g[(m0 + r) * V + v] = (float)((double)scale[v] * ((double)t[m0 + r] * (double)A));
             }
         }
     }

@@ -6,10 +6,11 @@ In int8 it is 28.3 MB. With AVX512-VNNI, vpdpbusd multiplies 64 byte pairs an in
 product stays at the speed of reading the bytes.
 
 Quantization (at load, in C: screen_int8.c spectui_quantize_int8). Row v: q_v = round(W_v / s_v),
-s_v = max_i |W_vi| / 127, and Wq_v = s_v q_v. An input
-row x (fp32) goes in two int8 levels: p_hi = round(x / t_hi), t_hi = max|x| / 127; r = x - t_hi p_hi;
-p_lo = round(r / t_lo), t_lo = max|r| / 127; xq = t_hi p_hi + t_lo p_lo, and delta = x - xq (about
-1/127^2 of max|x| an element). The C product gives g_v = Wq_v . xq, rounded once to float.
+s_v = max_i |W_vi| / 127, and Wq_v = s_v q_v. An input row x (fp32) goes in two int8 levels:
+p_hi = round(x / t_hi), t_hi = max|x| / 127; r = x - t_hi p_hi (|r| <= t_hi / 2); p_lo = round(r / t),
+t = t_hi / 128 (so |p_lo| <= 64, and the C side adds the two levels in int32 before one reduction);
+xq = t (128 p_hi + p_lo), and delta = x - xq (at most t / 2 = max|x| / 32,512 an element). The C
+product gives g_v = Wq_v . xq, rounded once to float.
 
 The bound. With e_v = W_v - Wq_v (its norm kept from load, summed in float64, rounded up) and
 s_v = W_v . x the exact logit,
@@ -78,15 +79,15 @@ class Int8Screen:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] fp32 -> (g [M, V] fp32, bound [V]): |s_v - g_mv| <= bound_v |x_m| + 2^-20 |g_mv|."""
         M = x.shape[0]
-        t_hi = (x.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-30)  # [M, 1] fp32
+        t_hi = (x.abs().amax(dim=1, keepdim=True) / 127).clamp_min(2.0**-100)  # [M, 1] fp32
+        t = t_hi / 128  # exact: the low level's step
         p_hi = torch.round(x / t_hi).clamp_(-127, 127)  # [M, D]
-        r = x.double() - t_hi.double() * p_hi  # exact: a float times a code fits float64
-        t_lo = (r.abs().amax(dim=1, keepdim=True) / 127).float().clamp_min(1e-30)  # [M, 1]
-        p_lo = torch.round(r / t_lo.double()).clamp_(-127, 127)  # [M, D]
-        delta = r - t_lo.double() * p_lo  # [M, D]
+        r = x.double() - t_hi.double() * p_hi  # exact: a float times a code fits float64; |r| <~ t_hi / 2
+        p_lo = torch.round(r / t.double()).clamp_(-127, 127)  # [M, D], |p_lo| <~ 64
+        delta = r - t.double() * p_lo  # [M, D]: x - t (128 p_hi + p_lo), |delta| <= t / 2
         rho = float((delta.norm(dim=1) / x.double().norm(dim=1).clamp_min(1e-300)).max()) * (1 + 1e-6) + 1e-12
         codes = (torch.stack([p_hi, p_lo.float()], dim=1) + 128).to(torch.uint8).contiguous()  # [M, 2, D]
-        t = torch.cat([t_hi, t_lo], dim=1).contiguous()  # [M, 2]
+        t = t.reshape(M).contiguous()  # [M]
         g = torch.empty(M, self.V, dtype=torch.float32)
         self.fn(M, self.V, self.D, self.codes.data_ptr(), self.scale.data_ptr(), self.colsum.data_ptr(),
                 codes.data_ptr(), t.data_ptr(), g.data_ptr(), torch.get_num_threads())
