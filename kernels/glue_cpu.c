@@ -16,7 +16,14 @@
  *     y[d] = x[d] cos[d] + r[d] sin[d],  r = (-x[D/2:], x[:D/2])     (each product rounded, then the sum)
  * q heads go to q [Hq, T, D]; k heads, rotated, and v heads, copied, to the cache at
  * k + h * ld + t * D and v + h * ld + t * D.
+ *
+ * spectui_silu_mul_bf16: LlamaMLP's act(gate) * up and the bf16 rounding of the down projection's
+ * input, from the gate|up rows: out[t, i] = bf16( (g / (1 + exp(-g))) * u ), g = gate_up[t, i],
+ * u = gate_up[t, I + i]. torch's float silu on AVX512 CPUs is that formula over 16 lanes with
+ * Sleef_expf16_u10 for exp; libtorch exports that function, and the caller passes its address
+ * (glue_cpu.py checks the bits against torch's silu at load, else keeps torch's ops).
  */
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -68,6 +75,31 @@ int spectui_rope_store(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const floa
         }
         for (int64_t head = 0; head < Hkv; head++)
             memcpy(v + head * ld + t * D, row + (Hq + Hkv + head) * D, (size_t)D * sizeof(float));
+    }
+    return 0;
+}
+
+typedef __m512 (*exp16_fn)(__m512);
+
+/* gate_up [T, ld] fp32 (gate in columns 0..I-1, up in I..2I-1), I % 16 == 0 -> out [T, I] bf16. */
+__attribute__((target("avx512f,avx512bw"))) int spectui_silu_mul_bf16(int64_t T, int64_t I, const float *gate_up,
+                                                                        int64_t ld, uint16_t *out, void *exp16) {
+    const exp16_fn expf16 = (exp16_fn)exp16;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), bias = _mm512_set1_epi32(0x7FFF),
+                  lsb = _mm512_set1_epi32(1), nan16 = _mm512_set1_epi32(0x7FC0);
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gate_up + t * ld, *u = g + I;
+        for (int64_t i = 0; i < I; i += 16) {
+            const __m512 x = _mm512_loadu_ps(g + i);
+            const __m512 minus = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), sign));
+            const __m512 y = _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, expf16(minus))), _mm512_loadu_ps(u + i));
+            const __m512i bits = _mm512_castps_si512(y); /* bf16: round to nearest even, as to_bf16 */
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, bias),
+                                                           _mm512_and_si512(_mm512_srli_epi32(bits, 16), lsb)), 16);
+            r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), r, nan16);
+            _mm256_storeu_si256((__m256i *)(out + t * I + i), _mm512_cvtepi32_epi16(r));
+        }
     }
     return 0;
 }

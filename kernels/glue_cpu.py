@@ -1,14 +1,17 @@
 """kernels/glue_cpu.c from Python: a LLaMA layer's glue in one call where torch takes several ops.
 
 `glue()` gives a Glue where the library builds (kernels/native.py: x86 with AVX2, a C compiler,
-SPECTUI_CPU_KERNELS not 0), else None and callers keep their torch ops. Both functions give the
-bits of the torch ops they replace (the C file says why; tests/kernels/test_glue_cpu.py checks it
+SPECTUI_CPU_KERNELS not 0), else None and callers keep their torch ops. Its functions give the
+bits of the torch ops they replace (silu_mul_bf16 where torch's AVX512 exp is found and matches, else
+torch's ops) (the C file says why; tests/kernels/test_glue_cpu.py checks it
 bit for bit), so LeanModel's logits stay CachedModel's.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
+import functools
+from pathlib import Path
 
 import torch
 
@@ -19,11 +22,36 @@ I64, PTR = ct.c_int64, ct.c_void_p
 RMS_ARGS = [I64, I64, PTR, PTR, ct.c_float, PTR, PTR]
 # spectui_rope_store(T, Hq, Hkv, D, qkv, ldqkv, cos, sin, q, k, v, ld)
 ROPE_ARGS = [I64, I64, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR, I64]
+# spectui_silu_mul_bf16(T, I, gate_up, ld, out, exp16)
+SILU_ARGS = [I64, I64, PTR, I64, PTR, PTR]
 
 
 class Glue:
-    def __init__(self, rms, rope) -> None:
+    def __init__(self, rms, rope, silu=None) -> None:
         self._rms, self._rope = rms, rope
+        self._silu, self._exp16 = (silu, torch_expf16()) if silu is not None else (None, None)
+        if self._exp16 is None or not self._silu_matches_torch():
+            self._silu = None  # silu_mul_bf16 keeps torch's ops
+
+    def _silu_matches_torch(self) -> bool:
+        """The C silu against torch's on 64k values over 2^-10 .. 2^10 and the edges, bit for bit."""
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 1024, generator=g) * torch.exp2(torch.randint(-10, 11, (64, 1), generator=g).float())
+        x[0, :16] = torch.tensor([0.0, -0.0, 88.0, -88.0, 100.0, -100.0, 1e-40, 3e38, -3e38, 20.0, -20.0,
+                                  87.3, -87.3, 103.0, -103.0, 5.0])
+        want = (torch.nn.functional.silu(x[:, :512]) * x[:, 512:]).to(torch.bfloat16)
+        return torch.equal(self.silu_mul_bf16(x).view(torch.int16), want.view(torch.int16))
+
+    def silu_mul_bf16(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] fp32 (rows contiguous) -> (silu(gate) * up).to(bfloat16) [T, I], torch's bits
+        (torch's ops where the C path is off)."""
+        T, I = gate_up.shape[0], gate_up.shape[1] // 2
+        if self._silu is None or I % 16:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+        out = torch.empty(T, I, dtype=torch.bfloat16)
+        self._silu(T, I, gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), self._exp16)
+        return out
 
     def rms_norm_bf16(self, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """LlamaRMSNorm of fp32 rows h [N, H] with fp32 weight [H], rounded to bf16 as the 4-bit
@@ -47,7 +75,27 @@ class Glue:
         return q
 
 
+def torch_expf16() -> int | None:
+    """The address of Sleef_expf16_u10 in libtorch_cpu (torch's exp for 16 floats on AVX512 CPUs), or
+    None where torch's kernels are not the AVX512 ones or the library does not export it."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return None
+    try:
+        lib = ct.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        return ct.cast(lib.Sleef_expf16_u10, ct.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
 def glue() -> Glue | None:
+    """This process's Glue (its silu checked once), or None where the library is not built or
+    SPECTUI_CPU_KERNELS=0."""
+    return None if native.disabled() else _glue()
+
+
+@functools.lru_cache(maxsize=1)
+def _glue() -> Glue | None:
     rms, _ = native.function("glue_cpu", "spectui_rms_scale", RMS_ARGS)
     rope, _ = native.function("glue_cpu", "spectui_rope_store", ROPE_ARGS)
-    return Glue(rms, rope) if rms is not None and rope is not None else None
+    silu, _ = native.function("glue_cpu", "spectui_silu_mul_bf16", SILU_ARGS)
+    return Glue(rms, rope, silu) if rms is not None and rope is not None else None

@@ -56,3 +56,15 @@ def test_rope_store_is_the_torch_bits(T, Hq, Hkv, D):
     assert q.shape == (1, Hq, T, D)
     assert torch.equal(q.view(torch.int32), qk[:, :Hq].contiguous().view(torch.int32))
     assert torch.equal(cache.view(torch.int32), expected.view(torch.int32))  # nothing written outside the T rows
+
+
+def test_silu_mul_bf16_is_the_torch_bits():
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert GLUE._silu is not None, "the C silu should serve an AVX512 CPU (torch's Sleef exp found and matching)"
+    for T in (1, 3, 8):
+        gate_up = awkward(T, 2 * 1536, seed=T)  # LlamaMLP's gate|up rows, as the 4-bit kernel writes them
+        gate_up[:, :1536] = gate_up[:, :1536].clamp(-120, 120)  # and some in exp's overflow range
+        gate, up = gate_up.chunk(2, dim=-1)
+        want = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+        got = GLUE.silu_mul_bf16(gate_up)
+        assert got.shape == (T, 1536) and torch.equal(got.view(torch.int16), want.view(torch.int16)), T
