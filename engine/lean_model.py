@@ -15,7 +15,8 @@ seven Linear4bit wrappers (casts, dispatch, allocation) around 3-8 us kernels. H
     compaction of the accepted path is one index_select over all layers;
   * rotary cos/sin are computed once a forward by the model's own rotary module;
   * where kernels/packed_4bit.c runs the 4-bit layers, the glue is C with torch's bits
-    (kernels/glue_cpu.c): each norm's tail and bf16 rounding is one call, rotary of q and k with
+    (kernels/glue_cpu.c): each norm with its bf16 rounding is one call (the sum of squares in torch's
+    own order, checked at first use), rotary of q and k with
     both cache writes another, silu(gate) * up with its bf16 rounding a third (torch's own Sleef
     exp, checked at load), and o's and down's outputs are added into the residual stream by the
     4-bit kernel itself: about 30 torch ops a layer become 9 (a one-token step about 1.3x faster);

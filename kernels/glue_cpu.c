@@ -35,11 +35,59 @@ static inline uint16_t to_bf16(float f) {
     return f != f ? (uint16_t)0x7FC0 : rounded; /* a select: the loops below vectorize */
 }
 
-/* h [rows, n] fp32, sumsq [rows] fp32, w [n] fp32 -> out [rows, n] bf16 (as uint16). */
+/* torch's float sum over a contiguous row of x*x on CPU (aten cascade_sum as it runs here: 8-lane
+ * vectors, 4 interleaved accumulators over rows of 4 vectors, carried up a level every 16 rows,
+ * then the accumulators, the scalar tail and the 8 lanes added in order). glue_cpu.py checks it
+ * against torch at load for the sizes it is used at, else keeps torch's pow + sum. */
+static float sum_of_squares(const float *x, int64_t n) {
+    enum { LANES = 8, ILP = 4, LEVELS = 4, STEP = 16 };
+    const int64_t nvec = n / LANES, size = nvec / ILP;
+    float acc[LEVELS][ILP][LANES] = {{{0.0f}}};
+    int64_t i = 0;
+    for (; i + STEP <= size; i += STEP) {
+        for (int64_t j = 0; j < STEP; j++)
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < LANES; l++) {
+                    const float v = x[((i + j) * ILP + k) * LANES + l];
+                    acc[0][k][l] += v * v;
+                }
+        for (int level = 1; level < LEVELS; level++) {
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < LANES; l++) {
+                    acc[level][k][l] += acc[level - 1][k][l];
+                    acc[level - 1][k][l] = 0.0f;
+                }
+            if (i & ((int64_t)(STEP - 1) << (level * 4))) break;
+        }
+    }
+    for (; i < size; i++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < LANES; l++) {
+                const float v = x[(i * ILP + k) * LANES + l];
+                acc[0][k][l] += v * v;
+            }
+    for (int level = 1; level < LEVELS; level++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < LANES; l++) acc[0][k][l] += acc[level][k][l];
+    for (int64_t vec = size * ILP; vec < nvec; vec++) /* vectors past the last row of 4 */
+        for (int l = 0; l < LANES; l++) {
+            const float v = x[vec * LANES + l];
+            acc[0][0][l] += v * v;
+        }
+    for (int k = 1; k < ILP; k++)
+        for (int l = 0; l < LANES; l++) acc[0][0][l] += acc[0][k][l];
+    float total = 0.0f;
+    for (int64_t e = nvec * LANES; e < n; e++) total += x[e] * x[e];
+    for (int l = 0; l < LANES; l++) total += acc[0][0][l];
+    return 0.0f + total;
+}
+
+/* h [rows, n] fp32, w [n] fp32 -> out [rows, n] bf16 (as uint16); sumsq [rows] fp32 from torch, or
+ * NULL: computed here (sum_of_squares). */
 int spectui_rms_scale(int64_t rows, int64_t n, const float *h, const float *sumsq, float eps, const float *w,
                       uint16_t *out) {
     for (int64_t r = 0; r < rows; r++) {
-        const float var = sumsq[r] / (float)n;
+        const float var = (sumsq ? sumsq[r] : sum_of_squares(h + r * n, n)) / (float)n;
         const float s = 1.0f / sqrtf(var + eps);
         const float *hr = h + r * n;
         uint16_t *o = out + r * n;

@@ -26,9 +26,18 @@ ROPE_ARGS = [I64, I64, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR, I64]
 SILU_ARGS = [I64, I64, PTR, I64, PTR, PTR]
 
 
+SUM_ROWS = 64  # rows a norm takes its sum of squares from C (beyond: torch's, which may split rows among threads)
+
+
+def rms_reference(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm in fp32, then the bf16 rounding: what rms_norm_bf16 must equal."""
+    return (weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))).to(torch.bfloat16)
+
+
 class Glue:
     def __init__(self, rms, rope, silu=None) -> None:
         self._rms, self._rope = rms, rope
+        self._sum_checked: dict[int, bool] = {}  # row length -> the C sum of squares is torch's
         self._silu, self._exp16 = (silu, torch_expf16()) if silu is not None else (None, None)
         if self._exp16 is None or not self._silu_matches_torch():
             self._silu = None  # silu_mul_bf16 keeps torch's ops
@@ -58,10 +67,28 @@ class Glue:
         kernel reads it: (weight * (h * rsqrt(mean(h^2) + eps))).to(bfloat16) -> [N, H] bf16.
         The sum of squares stays torch's (its summation order is the reference's); torch's mean on
         CPU is that sum divided by H, which the C side does."""
-        sumsq = h.pow(2).sum(-1)  # [N] fp32
+        rows, n = h.shape
+        sumsq = None if rows <= SUM_ROWS and self._sum_matches_torch(n) else h.pow(2).sum(-1)  # [N] fp32
         out = torch.empty(h.shape, dtype=torch.bfloat16)
-        self._rms(h.shape[0], h.shape[1], h.data_ptr(), sumsq.data_ptr(), eps, weight.data_ptr(), out.data_ptr())
+        self._rms(rows, n, h.data_ptr(), None if sumsq is None else sumsq.data_ptr(), eps, weight.data_ptr(),
+                  out.data_ptr())
         return out
+
+    def _sum_matches_torch(self, n: int) -> bool:
+        """Whether the C sum of squares gives torch's bits for rows of n (checked once per n, on rows
+        of 1, 2 and SUM_ROWS at many scales): the order is fixed, so equal here is equal always."""
+        if n not in self._sum_checked:
+            g = torch.Generator().manual_seed(n)
+            ok = True
+            for rows in (1, 2, SUM_ROWS):
+                h = torch.randn(rows, n, generator=g) * torch.exp2(torch.randint(-20, 20, (rows, 1), generator=g).float())
+                w = torch.ones(n)
+                want = rms_reference(h, w, 1e-5)
+                got = torch.empty(rows, n, dtype=torch.bfloat16)
+                self._rms(rows, n, h.data_ptr(), None, 1e-5, w.data_ptr(), got.data_ptr())
+                ok &= torch.equal(got.view(torch.int16), want.view(torch.int16))
+            self._sum_checked[n] = ok
+        return self._sum_checked[n]
 
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
                    k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -68,3 +68,20 @@ def test_silu_mul_bf16_is_the_torch_bits():
         want = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
         got = GLUE.silu_mul_bf16(gate_up)
         assert got.shape == (T, 1536) and torch.equal(got.view(torch.int16), want.view(torch.int16)), T
+
+
+@pytest.mark.parametrize("n", [576, 100, 4096])
+def test_rms_norm_bf16_is_the_torch_bits_with_either_sum_of_squares(n):
+    """The sum of squares in C (torch's order, checked at first use) or torch's own (rows beyond
+    SUM_ROWS, or where the check failed): the same bits either way."""
+    from spectui.kernels.glue_cpu import SUM_ROWS, Glue
+
+    h = awkward(SUM_ROWS + 1, n, seed=n)
+    weight = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    want = rms_norm(h[None], (weight, 1e-5))[0].to(torch.bfloat16)
+    fallback = Glue(GLUE._rms, GLUE._rope)
+    fallback._sum_checked[n] = False  # as where the C order is not torch's
+    for glue_ in (GLUE, fallback):
+        for rows in (1, 5, SUM_ROWS, SUM_ROWS + 1):
+            got = glue_.rms_norm_bf16(h[:rows], weight, 1e-5)
+            assert torch.equal(got.view(torch.int16), want[:rows].view(torch.int16)), rows
