@@ -187,10 +187,12 @@ def tokens_per_task(B: int, Hq: int, Hkv: int, T: int, threads: int) -> int | No
     return next((b for b in BLOCKS if tasks[b] >= 2 * threads), next((b for b in BLOCKS if tasks[b] >= threads), None))
 
 
-def native_attention(query, key, value, mask, scale: float, block: int | None = None) -> torch.Tensor | None:
+def native_attention(query, key, value, mask, scale: float, block: int | None = None,
+                     found: Kernels | None = None) -> torch.Tensor | None:
     """exact_attention.c's result [B, Hq, T, D] float32, or None where it does not apply (not a float32
     CPU query, keys and values not alike in dtype and strides, an additive or per-head mask, no library).
-    block: tokens a task of the grouped kernel, 0 for the per-row kernel, None as tokens_per_task routes."""
+    block: tokens a task of the grouped kernel, 0 for the per-row kernel, None as tokens_per_task routes.
+    found: kernels() as a caller resolved it once (LeanModel: a lookup a layer costs ~10 us)."""
     B, Hq, T, D = query.shape
     Hkv, S = key.shape[1], key.shape[2]
     if (query.device.type != "cpu" or query.dtype != torch.float32 or key.dtype != value.dtype
@@ -208,7 +210,7 @@ def native_attention(query, key, value, mask, scale: float, block: int | None = 
         allowed = allowed.contiguous()
         if allowed.shape[-2:] != (T, S):
             return None
-    found = kernels()
+    found = found or kernels()
     if found is None:
         return None
     threads = torch.get_num_threads()

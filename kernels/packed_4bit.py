@@ -74,6 +74,7 @@ class Packed4bit:
         self.kernel = lib.gemv_4bit_inference_cpu_fp4_bf16 if fp4 else lib.gemv_4bit_inference_cpu_nf4_bf16
         self.lut = states[0].code.to(torch.bfloat16).contiguous()  # [16]: the code as the fused kernels read it
         self.own = own_kernel()  # None: bitsandbytes' function
+        self.pointers = (self.weight.data_ptr(), self.absmax.data_ptr(), self.blocksize, self.lut.data_ptr())
 
     def __call__(self, x: torch.Tensor, own: bool = True, into: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] (any float dtype) -> [M, N] fp32, bf16-rounded as bitsandbytes' output; own=False:
@@ -83,9 +84,8 @@ class Packed4bit:
         M = a.shape[0]
         if self.own is not None and own:
             out = into if into is not None else torch.empty(M, self.N, dtype=torch.float32)  # [M, N]
-            self.own(M, self.N, self.K, a.data_ptr(), a.stride(0), self.weight.data_ptr(), self.absmax.data_ptr(),
-                     self.blocksize, self.lut.data_ptr(), out.data_ptr(), out.stride(0), torch.get_num_threads(),
-                     OUT_F32 if into is None else OUT_ADD_F32)
+            self.own(M, self.N, self.K, a.data_ptr(), a.stride(0), *self.pointers, out.data_ptr(), out.stride(0),
+                     torch.get_num_threads(), OUT_F32 if into is None else OUT_ADD_F32)
             return out
         if into is not None:
             raise ValueError("Packed4bit(into=...) needs kernels/packed_4bit.c")

@@ -6,11 +6,12 @@
 compaction) of T chain nodes after a prefix, split by module with forward hooks:
 
   4-bit linears   every bitsandbytes Linear4bit (q/k/v/o, gate/up/down): weight handling + matmul
-                  (LeanModel: its fused direct kernel calls, engine/lean_model.py Projection)
+                  (LeanModel: its fused direct kernel calls, engine/lean_model.py Projection, and
+                  o and down through Packed4bit with the residual add they do in place)
   output layer    lm_head (fp32, vocabulary x hidden)
   attention       the attention function (scores, softmax, weighted sum), rotary excluded
   rest of model   the forward minus the above: embedding, norms, rotary, activations, residuals,
-                  transformers' Python and dispatch
+                  transformers' Python and dispatch (LeanModel: its C glue and Python)
   engine          the step minus the forward: masks, positions, acceptance, cache compaction
 
 Medians over repeats, in ms. The hooks cost a few microseconds each (about 1 ms per pass).
@@ -44,6 +45,7 @@ def main() -> None:
     from spectui.engine import load_models, resolve_model
     from spectui.engine.accept import accept_greedy  # the step's parts, profiled one by one
     from spectui.engine.lean_model import LeanModel, Projection
+    from spectui.kernels.packed_4bit import Packed4bit
     from spectui.engine.loading import build_engine
     from spectui.engine.tree import TokenTree
 
@@ -75,10 +77,24 @@ def main() -> None:
             return out
         return call
 
+    def clocked_outermost(name, fn):  # a Projection calls its Packed4bit: count the time once
+        def call(*a, **kw):
+            if inside:
+                return fn(*a, **kw)
+            inside.append(True)
+            try:
+                return clocked(name, fn)(*a, **kw)
+            finally:
+                inside.pop()
+        return call
+
+    inside = []
     verifier = engine.verifier
     if isinstance(verifier, LeanModel):
-        linear = Projection.__call__
-        Projection.__call__ = lambda self, x: clocked("4-bit linears", linear)(self, x)
+        linear, packed = Projection.__call__, Packed4bit.__call__
+        Projection.__call__ = lambda self, x: clocked_outermost("4-bit linears", linear)(self, x)
+        Packed4bit.__call__ = (lambda self, x, own=True, into=None:  # o and down, called directly by the glue path
+                               clocked_outermost("4-bit linears", packed)(self, x, own, into))
         verifier.attend = clocked("attention", verifier.attend)
         verifier.output = clocked("output layer", verifier.output)  # the screen (argmax-only) or the full head
         verifier.argmax_only = not args.full_logits  # as the engine decodes greedily without display
