@@ -27,12 +27,15 @@ AutoDrafting decides what to draft:
 - the n-gram drafter costs nothing measurable: its matches (up to 2 chains of 12) always join;
 - an SSM runs only while it pays: `gain` is a moving average of the accepted tokens credited to it
   (`credited`: to the first SSM that drafted them, none if the n-gram drafter had them) per step it
-  ran; it runs when gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds its
-  drafting cost, and otherwise explores once
-  it has been idle for n steps with n * c_verify(1) * EXPLORE_SHARE >= its drafting cost (at least
-  MIN_EXPLORE_EVERY): exploring costs at most EXPLORE_SHARE of incremental time per SSM, however
-  cheap a verify step is next to a draft, and a speculator that starts to agree (a copying phase,
-  another topic) is still noticed;
+  ran; it runs when gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds what a
+  steady run of it costs (`run_ms`: all its forwards of a step, measured; one forward's cost until
+  measured), and otherwise explores once it has been idle for n steps with
+  n * c_verify(1) * EXPLORE_SHARE >= what an exploring run costs (`explore_ms`: measured, the
+  catch-up of the tokens it sat out included; at least MIN_EXPLORE_EVERY steps): exploring costs at
+  most EXPLORE_SHARE of incremental time per SSM, however cheap a verify step is next to a draft,
+  and a speculator that starts to agree (a copying phase, another topic) is still noticed. (Judging
+  runs by one forward and exploration without its catch-up let an SSM run for less than it cost
+  once the verifier got faster: on a 2-core EPYC an exploring run took ~9 ms against a 8-10 ms step);
 - its drafting cost is the mean of its forwards in a step: each level, and the catch-up of the
   committed tokens when it is a step's usual few (STEADY_CATCH_UP); feeding it a whole prompt, or
   the tokens of the steps it sat out, is not what one more step of drafting costs, and counting
@@ -139,6 +142,8 @@ class AutoDrafting:
     acceptance: AcceptanceModel
     gain: dict[str, float] = field(default_factory=dict)  # SSM -> moving average of tokens only it gave
     idle: dict[str, int] = field(default_factory=dict)  # SSM -> steps since it last drafted
+    run_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of a steady run, all its forwards
+    explore_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of an exploring run, catch-up included
     realised: float = 0.0  # moving average of committed tokens per ms of engine time, all steps
 
     def target_rate(self) -> float:
@@ -155,17 +160,28 @@ class AutoDrafting:
             return self.acceptance.predict(named_evidence(tree, i, names), tree.depths[i])
         return accept
 
-    def worth_running(self, name: str) -> bool:
+    def worth_running(self, name: str) -> str | None:
+        """"pays" (its gain in incremental ms beats what a steady run of it costs), "explore" (idle long
+        enough that this run, catch-up included, stays within EXPLORE_SHARE of incremental time), or None."""
         gain = self.gain.setdefault(name, GAIN_PRIOR)
-        if gain * self.costs.verify(1) > self.costs.draft(name):
+        c1 = self.costs.verify(1)
+        if gain * c1 > self.run_ms.get(name, self.costs.draft(name)):
             self.idle[name] = 0
-            return True
+            return "pays"
         self.idle[name] = self.idle.get(name, 0) + 1
-        every = max(MIN_EXPLORE_EVERY, self.costs.draft(name) / (EXPLORE_SHARE * self.costs.verify(1)))
+        every = max(MIN_EXPLORE_EVERY, self.explore_ms.get(name, self.costs.draft(name)) / (EXPLORE_SHARE * c1))
         if self.idle[name] >= every:
             self.idle[name] = 0
-            return True
-        return False
+            return "explore"
+        return None
+
+    def observe_run(self, name: str, why: str, ms: float, steady: bool) -> None:
+        """Fold one run's drafting ms into the cost its kind of run is judged by: a steady paying run
+        (a few committed tokens to catch up) into run_ms, an exploring one, whatever it caught up, into
+        explore_ms."""
+        table = self.explore_ms if why == "explore" else self.run_ms if steady else None
+        if table is not None:
+            table[name] = ms if name not in table else table[name] + GAIN_EMA * (ms - table[name])
 
     def draft(self, committed: list[int], drafters: list, merge: str) -> tuple[TokenTree, list[str], Plan]:
         """Draft and choose this step's tree -> (tree, names of the SSMs that ran, plan)."""
@@ -179,11 +195,13 @@ class AutoDrafting:
         rate = self.target_rate()
         ran = []
         for source, drafter in enumerate(drafters):
-            if drafter.kind != "model" or not self.worth_running(drafter.name):
+            why = self.worth_running(drafter.name) if drafter.kind == "model" else None
+            if why is None:
                 continue
             began = time.perf_counter()
             candidates = drafter.begin(committed, tree, source, ROOT_WIDTH)
-            forwards = [time.perf_counter() - began] if drafter.fed_last <= STEADY_CATCH_UP else []
+            steady = drafter.fed_last <= STEADY_CATCH_UP
+            forwards = [time.perf_counter() - began] if steady else []
             for depth in range(2, MAX_DEPTH + 1):
                 if not candidates:
                     break
@@ -200,6 +218,7 @@ class AutoDrafting:
             drafter.finish()
             if forwards:
                 self.costs.observe_draft(drafter.name, sum(forwards) * 1000 / len(forwards))
+            self.observe_run(drafter.name, why, (time.perf_counter() - began) * 1000, steady)
             ran.append(drafter.name)
         tree = apply_policy(tree, merge)
         values = node_values(tree, self.predictor(tree, names))

@@ -9,6 +9,7 @@ node budget holds.
 from __future__ import annotations
 
 import itertools
+import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,6 +104,30 @@ def test_an_ssm_that_does_not_pay_explores_within_its_time_share():
         expected = max(MIN_EXPLORE_EVERY, -(-draft_ms // (EXPLORE_SHARE * c1)))
         assert gaps == {int(expected)}, (c1, gaps)
         assert draft_ms / (expected * c1) <= EXPLORE_SHARE or expected == MIN_EXPLORE_EVERY
+
+
+def test_an_ssm_is_judged_by_what_its_runs_cost_catch_up_included_when_exploring():
+    """An SSM runs for its gain only while that beats a steady run's measured cost (all its forwards,
+    not one), and its exploring runs, catch-up of the idle steps included, stay within EXPLORE_SHARE."""
+    from spectui.engine.acceptance_model import AcceptanceModel
+    from spectui.engine.auto_tree import EXPLORE_SHARE, MIN_EXPLORE_EVERY, AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    c1 = 8.0
+    costs = CostModel({1: c1, 2: c1 * 1.2}, draft_ms={"ssm": 1.0})
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}), gain={"ssm": 0.25})
+    assert auto.worth_running("ssm") == "pays"  # 0.25 tokens x 8 ms beat one 1 ms forward ...
+    auto.observe_run("ssm", "pays", 3.0, steady=True)  # ... but a steady run takes three
+    assert auto.run_ms["ssm"] == 3.0 and auto.worth_running("ssm") is None
+    auto.observe_run("ssm", "pays", 30.0, steady=False)  # a long catch-up does not count as a steady run
+    assert auto.run_ms["ssm"] == 3.0
+    auto.observe_run("ssm", "explore", 9.0, steady=False)  # an exploring run, catch-up and all
+    auto.gain["ssm"] = 0.0
+    auto.idle["ssm"] = 0
+    runs = [step for step in range(1, 400) if auto.worth_running("ssm") == "explore"]
+    gaps = {b - a for a, b in zip(runs, runs[1:])}
+    expected = math.ceil(max(MIN_EXPLORE_EVERY, 9.0 / (EXPLORE_SHARE * c1)))  # 75 steps, where 1 ms a forward gives 9
+    assert gaps == {expected} and expected >= 70 and 9.0 / (expected * c1) <= EXPLORE_SHARE
 
 
 def test_accepted_tokens_are_credited_to_the_first_ssm_that_drafted_them():
