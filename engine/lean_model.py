@@ -15,11 +15,11 @@ seven Linear4bit wrappers (casts, dispatch, allocation) around 3-8 us kernels. H
     compaction of the accepted path is one index_select over all layers;
   * rotary cos/sin are computed once a forward by the model's own rotary module;
   * where kernels/packed_4bit.c runs the 4-bit layers, the glue is C with torch's bits
-    (kernels/glue_cpu.c): each norm with its bf16 rounding is one call (the sum of squares in torch's
-    own order, checked at first use), rotary of q and k with
-    both cache writes another, silu(gate) * up with its bf16 rounding a third (torch's own Sleef
-    exp, checked at load), and o's and down's outputs are added into the residual stream by the
-    4-bit kernel itself: about 30 torch ops a layer become 9 (a one-token step about 1.3x faster);
+    (kernels/glue_cpu.c): each norm with its bf16 rounding is one call (the sum of squares in
+    torch's own order, checked at first use), rotary of q and k with both cache writes another,
+    silu(gate) * up with its bf16 rounding a third (torch's own Sleef exp, checked at load), and
+    o's and down's outputs are added into the residual stream by the 4-bit kernel itself: about
+    30 torch ops a layer become 9 calls (a one-token step about 1.3x faster);
   * the cache's views for all layers are made once a call, not a dozen a layer.
 
 The engine feeds one sequence (B = 1); `run` also takes B left-padded sequences at once, which
@@ -165,7 +165,7 @@ class LeanModel:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.attention_kernels = exact_kernels() if self.exact else None  # exact_attention.c, or None
-        self.glue = self._glue(model)  # one C call for each norm and for rotary + cache writes, or None
+        self.glue = self._glue(model)  # the layers' glue in C (glue_cpu.py), or None: torch's ops
         self.kv = None  # [L, 2, B, Hkv, capacity, D] cache_dtype, allocated at first use
         self._length = 0
         self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
@@ -177,8 +177,7 @@ class LeanModel:
         """kernels/glue_cpu.py where its bits are the torch ops': an exact verifier in fp32 with a float32
         cache whose 4-bit layers run kernels/packed_4bit.c (it reads bf16 rows, so the norms round to
         bf16 as they write, and it adds o's and down's outputs into the residual stream itself)."""
-        fp32 = all(p.dtype == torch.float32 for p in (self.norm[0], *(w for layer in self.layers
-                                                                       for w in (layer.norm_in[0], layer.norm_post[0]))))
+        fp32 = all(norm[0].dtype == torch.float32 for layer in self.layers for norm in (layer.norm_in, layer.norm_post))
         packed = all(isinstance(p.packed, Packed4bit) and p.packed.own is not None  # kernels/packed_4bit.c
                      for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
         if not (self.exact and self.cache_dtype == torch.float32 and fp32 and packed
@@ -250,15 +249,13 @@ class LeanModel:
                 q = qk[:, :Hq]
             out = self.attend(q, keys[index], values[index], mask, layer.scaling)  # [B, Hq, T, D]
             out = out.transpose(1, 2).reshape(B * T, Hq * D)  # [BT, Hq*D]
-            if glue is not None:
-                layer.o.packed(out, into=rows)  # h += o(out), in the kernel
+            if glue is not None:  # h += o(out), then h += down(silu(gate) * up): the adds in the 4-bit kernel
+                layer.o.packed(out, into=rows)
                 x = glue.rms_norm_bf16(rows, *layer.norm_post)
+                layer.down.packed(glue.silu_mul_bf16(layer.gate_up(x)), into=rows)
             else:
                 h = h + layer.o(out).view(B, T, -1)  # [B, T, H]
                 x = rms_norm(h, layer.norm_post).view(B * T, -1)
-            if glue is not None:
-                layer.down.packed(glue.silu_mul_bf16(layer.gate_up(x)), into=rows)  # h += down(silu(gate) * up)
-            else:
                 gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [BT, I] each
                 h = h + layer.down(F.silu(gate) * up).view(B, T, -1)
         self._length = S
