@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from ..kernels.argmax_head import ArgmaxScreen, screen_supported
 from ..kernels.dense_cpu import drafter_kernel
-from ..kernels.exact_attention import exact_attention, native_attention, prepare_mask
+from ..kernels.exact_attention import exact_attention, prepare_mask
 from ..kernels.exact_attention import kernels as exact_kernels
 from ..kernels.glue_cpu import glue
 from ..kernels.guarded_head import GuardedHead
@@ -301,12 +301,8 @@ class LeanModel:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
         """q [B, Hq, T, D] over keys/values [B, Hkv, S, D]; mask bool [B|1, 1, T, S] or None (causal)."""
-        if self.exact:
-            if self.attention_kernels is not None:  # resolved once, not looked up every layer
-                out = native_attention(q, k, v, mask, scale, found=self.attention_kernels)
-                if out is not None:
-                    return out
-            return exact_attention(q, k, v, mask, scale)
+        if self.exact:  # the native kernels resolved once, not looked up every layer
+            return exact_attention(q, k, v, mask, scale, found=self.attention_kernels)
         T, S = q.shape[2], k.shape[2]
         if mask is None and T > 1:  # causal, the T queries being the last T positions
             mask = torch.ones(T, S, dtype=torch.bool).tril_(S - T)[None, None]  # [1, 1, T, S]

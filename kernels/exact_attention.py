@@ -88,16 +88,17 @@ def exact_attention(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float | None = None,
+    found: Kernels | None = None,
 ) -> torch.Tensor:
     """query [B, Hq, T, D]; key/value [B, Hkv, S, D] (Hq % Hkv == 0, query head h reads kv head
     h // (Hq / Hkv)); mask None (causal, the T queries being the last T positions), bool
     [B|1, 1|Hq, T, S] (True = attend) or additive float of that shape. Returns [B, Hq, T, D] in
-    query's dtype."""
+    query's dtype. found: the native kernels as the caller resolved them once (native_attention)."""
     B, Hq, T, D = query.shape
     Hkv, S = key.shape[1], key.shape[2]
     G = Hq // Hkv
     scale = D**-0.5 if scale is None else scale
-    native_out = native_attention(query, key, value, mask, scale)
+    native_out = native_attention(query, key, value, mask, scale, found=found)
     if native_out is not None:
         return native_out
     if mask is None and T > PREFILL_CHUNK:  # a causal prefill: query chunk c sees keys < its end only,

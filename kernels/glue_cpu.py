@@ -2,9 +2,10 @@
 
 `glue()` gives a Glue where the library builds (kernels/native.py: x86 with AVX2, a C compiler,
 SPECTUI_CPU_KERNELS not 0), else None and callers keep their torch ops. Its functions give the
-bits of the torch ops they replace (silu_mul_bf16 where torch's AVX512 exp is found and matches, else
-torch's ops) (the C file says why; tests/kernels/test_glue_cpu.py checks it
-bit for bit), so LeanModel's logits stay CachedModel's.
+bits of the torch ops they replace (the C file says why; tests/kernels/test_glue_cpu.py checks them
+bit for bit), so LeanModel's logits stay CachedModel's. Two of them depend on torch's own kernels
+and are checked against torch before use, falling back to torch's ops: the sum of squares (once per
+row length) and silu, which calls torch's AVX512 exp (once, at load).
 """
 
 from __future__ import annotations

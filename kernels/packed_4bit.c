@@ -26,6 +26,9 @@
  * in order, so independent chains come from more rows and more blocks, never from splitting k):
  * one row takes 4 blocks at a time, two rows 4, three or four rows 2, five to eight rows 1.
  * Threads split the tiles along n; more than 8 input rows go 8 at a time.
+ *
+ * The caller (LeanModel) wants fp32: y is stored as those bf16 values widened (exact), or added to an
+ * fp32 y in place, as torch's `h + y.float()` would (the residual add).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -34,9 +37,8 @@
 #define MAX_ROWS 8 /* input rows a tile */
 #define MAX_NB 4 /* blocks of 32 output rows a tile */
 #define GROUP_BYTES 32 /* bytes a pair of k in a block: 32 output rows x 2 weights x 4 bits */
-#define OUT_BF16 0 /* output modes of spectui_packed_4bit */
-#define OUT_F32 1
-#define OUT_ADD_F32 2
+#define OUT_STORE 0 /* output modes of spectui_packed_4bit: y = the result, y += the result */
+#define OUT_ADD 1
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* y[r, b * 32 + j] for r < R, b < NB, j < 32, from the NB blocks at w (K / 2 groups each) and their
@@ -44,7 +46,7 @@
  * bf16 in lanes 0-15. R and NB are constants after inlining: the accumulators stay in registers. */
 TARGET __attribute__((always_inline)) static inline void tile(
         const int R, const int NB, int64_t K, int64_t bs, const uint16_t *x, int64_t ldx, const uint8_t *w,
-        const uint16_t *scales, int64_t N, __m512i lut, char *y, int64_t ldy, int mode) {
+        const uint16_t *scales, int64_t N, __m512i lut, float *y, int64_t ldy, int mode) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const int64_t block_bytes = 32 * (K / 2);
     __m512 master[MAX_ROWS][2 * MAX_NB]; /* updated once a group: they may live in memory */
@@ -89,15 +91,11 @@ TARGET __attribute__((always_inline)) static inline void tile(
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < 2 * NB; c++) {
+        for (int c = 0; c < 2 * NB; c++) { /* bf16(master) widened (exact), stored or added */
             const __m256i b = (__m256i)_mm512_cvtneps_pbh(master[r][c]);
-            if (mode == OUT_BF16) {
-                _mm256_storeu_si256((__m256i *)(y + 2 * (r * ldy + c * 16)), b);
-            } else { /* the bf16 value widened (exact), stored or added to y as torch's `h + y.float()` */
-                float *yf = (float *)(y + 4 * (r * ldy + c * 16));
-                const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-                _mm512_storeu_ps(yf, mode == OUT_ADD_F32 ? _mm512_add_ps(_mm512_loadu_ps(yf), v) : v);
-            }
+            const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+            float *yr = y + r * ldy + c * 16;
+            _mm512_storeu_ps(yr, mode == OUT_ADD ? _mm512_add_ps(_mm512_loadu_ps(yr), v) : v);
         }
 }
 
@@ -112,14 +110,14 @@ TARGET __attribute__((always_inline)) static inline void tile(
 /* Blocks b0 .. b0 + nb - 1 for rows m0 .. m0 + R - 1: tiles of 4, 2 or 1 blocks (the constants tile takes). */
 TARGET static void blocks_for_rows(int64_t b0, int nb, int64_t m0, int R, int64_t N, int64_t K, int64_t bs,
                                    const uint16_t *x, int64_t ldx, const uint8_t *w, const uint16_t *absmax,
-                                   __m512i lut, char *y, int64_t ldy, int mode) {
+                                   __m512i lut, float *y, int64_t ldy, int mode) {
     const uint16_t *xt = x + m0 * ldx;
     for (int done = 0; done < nb;) {
         const int take = nb - done >= 4 ? 4 : nb - done >= 2 ? 2 : 1;
         const int64_t b = b0 + done;
         const uint8_t *wb = w + b * 32 * (K / 2);
         const uint16_t *sb = absmax + b * 32;
-        char *yt = y + (mode == OUT_BF16 ? 2 : 4) * (m0 * ldy + b * 32);
+        float *yt = y + m0 * ldy + b * 32;
         if (take == 4) { ROWS_CASES(4) }
         else if (take == 2) { ROWS_CASES(2) }
         else { ROWS_CASES(1) }
@@ -127,11 +125,11 @@ TARGET static void blocks_for_rows(int64_t b0, int nb, int64_t m0, int R, int64_
     }
 }
 
-/* y [M, ldy] = x [M, ldx] @ W^T, x bf16 (as uint16), W in the packed layout above with N % 32 == 0,
- * K % bs == 0, bs even; lut16: code[q] as bf16, q = 0..15. mode: OUT_BF16, y bf16 (bitsandbytes'
- * output); OUT_F32, y fp32 holding those bf16 values; OUT_ADD_F32, y fp32 += them. Returns 0. */
+/* y [M, ldy] fp32 = (or +=, mode OUT_ADD) x [M, ldx] @ W^T rounded to bf16, x bf16 (as uint16), W in
+ * the packed layout above with N % 32 == 0, K % bs == 0, bs even; lut16: code[q] as bf16,
+ * q = 0..15. Returns 0. */
 TARGET int spectui_packed_4bit(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const uint8_t *w,
-                               const uint16_t *absmax, int64_t bs, const uint16_t *lut16, void *y, int64_t ldy,
+                               const uint16_t *absmax, int64_t bs, const uint16_t *lut16, float *y, int64_t ldy,
                                int threads, int mode) {
     uint16_t table[32] = {0};
     for (int i = 0; i < 16; i++) table[i] = lut16[i];
@@ -146,7 +144,7 @@ TARGET int spectui_packed_4bit(int64_t M, int64_t N, int64_t K, const uint16_t *
         const int nb = blocks - b0 < per_tile ? (int)(blocks - b0) : per_tile; /* the last tile may be short */
         for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS)
             blocks_for_rows(b0, nb, m0, M - m0 < MAX_ROWS ? (int)(M - m0) : MAX_ROWS, N, K, bs, x, ldx, w, absmax,
-                            lut, (char *)y, ldy, mode);
+                            lut, y, ldy, mode);
     }
     return 0;
 }

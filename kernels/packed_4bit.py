@@ -42,7 +42,7 @@ from . import native
 # spectui_packed_4bit(M, N, K, x, ldx, w, absmax, bs, lut16, y, ldy, threads, mode)
 ARGTYPES = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64,
             ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int, ct.c_int]
-OUT_BF16, OUT_F32, OUT_ADD_F32 = 0, 1, 2  # y bf16; y fp32 = those bf16 values; y fp32 += them
+OUT_STORE, OUT_ADD = 0, 1  # y fp32 = the bf16-rounded result; y fp32 += it
 
 
 def own_kernel():
@@ -74,7 +74,7 @@ class Packed4bit:
         self.kernel = lib.gemv_4bit_inference_cpu_fp4_bf16 if fp4 else lib.gemv_4bit_inference_cpu_nf4_bf16
         self.lut = states[0].code.to(torch.bfloat16).contiguous()  # [16]: the code as the fused kernels read it
         self.own = own_kernel()  # None: bitsandbytes' function
-        self.pointers = (self.weight.data_ptr(), self.absmax.data_ptr(), self.blocksize, self.lut.data_ptr())
+        self.fixed_args = (self.weight.data_ptr(), self.absmax.data_ptr(), self.blocksize, self.lut.data_ptr())
 
     def __call__(self, x: torch.Tensor, own: bool = True, into: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] (any float dtype) -> [M, N] fp32, bf16-rounded as bitsandbytes' output; own=False:
@@ -84,8 +84,8 @@ class Packed4bit:
         M = a.shape[0]
         if self.own is not None and own:
             out = into if into is not None else torch.empty(M, self.N, dtype=torch.float32)  # [M, N]
-            self.own(M, self.N, self.K, a.data_ptr(), a.stride(0), *self.pointers, out.data_ptr(), out.stride(0),
-                     torch.get_num_threads(), OUT_F32 if into is None else OUT_ADD_F32)
+            self.own(M, self.N, self.K, a.data_ptr(), a.stride(0), *self.fixed_args, out.data_ptr(), out.stride(0),
+                     torch.get_num_threads(), OUT_STORE if into is None else OUT_ADD)
             return out
         if into is not None:
             raise ValueError("Packed4bit(into=...) needs kernels/packed_4bit.c")

@@ -28,7 +28,6 @@ whose fp32 logits decide as before.
 from __future__ import annotations
 
 import ctypes as ct
-import functools
 
 import torch
 
@@ -41,15 +40,9 @@ ARGTYPES = [I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, ct.c_int]
 QUANTIZE_ARGS = [I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, ct.c_int]
 
 
-@functools.lru_cache(maxsize=1)
 def vnni() -> bool:
-    """AVX512-VNNI (with AVX512BW), from /proc/cpuinfo's flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return {"avx512_vnni", "avx512bw", "avx512vl"} <= set(flags)
+    """AVX512-VNNI with AVX512 (F, BW, VL, ...), as torch's cpuinfo reads them."""
+    return torch.cpu._is_vnni_supported() and torch.cpu._is_avx512_supported()
 
 
 def available() -> bool:
