@@ -64,8 +64,6 @@ from . import dense_cpu, screen_int8
 
 U32 = 2.0**-24  # unit roundoff of float32
 MAX_CANDIDATES = 256  # more than this (a flat row): the canonical product is as cheap
-INT8_ROWS = 2  # rows the int8 screen takes (2-core AMD EPYC, 49,152 x 576: 1 row 1.7 ms against the
-# bf16 loop's 2.6, 2 rows 2.3 against 2.7, 4 rows 4.1 against 3.3)
 
 
 def dot_rows() -> int:
@@ -182,8 +180,8 @@ class ArgmaxScreen:
         """(g [M, V], its bound per unit |x| [V]) where a C product serves these rows, else None."""
         if self.product == "dense":
             return self.kernel(x), self.kernel_bound
-        if self.int8 is not None and x.shape[0] <= INT8_ROWS:
-            return self.int8(x)  # an int8 copy of W: half the bytes (screen_int8.py has its bound)
+        if self.int8 is not None:  # an int8 copy of W: half the bytes (screen_int8.py has its bound); faster
+            return self.int8(x)  # than the bf16 loop and torch's product at every row count (screen_int8.c)
         if self.product == "dot" and x.shape[0] <= self.dot_rows:
             return self.kernel.loop(x.to(torch.bfloat16)), self.dot_bound  # x_hi alone: one column a row
         return None

@@ -9,7 +9,8 @@
  *     g[m, v] = s_v t A                                     (in double, rounded once to float)
  *
  * which is exactly (s_v q_v) . (t (128 p_hi + p_lo)) up to that last rounding; screen_int8.py bounds
- * the rest. The layer is read once for up to four input rows (eight accumulators); D % 64 == 0.
+ * the rest. D % 64 == 0. The layer is stored in blocks of 4 rows, their 64-column chunks side by side
+ * (spectui_screen_int8), so a thread reads its rows front to back and each input load serves 4 rows.
  *
  * spectui_quantize_int8 makes the copy at load in one pass: s_v = max_i |W_vi| / 127, q = round(W / s_v)
  * clamped to [-127, 127], colsum_v, and the norms |W_v - s_v q_v| and |s_v q_v| summed in double (each
@@ -21,37 +22,93 @@
 #include <stdint.h>
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define ROWS 4 /* input rows sharing each loaded weight vector */
+#define VB 4 /* layer rows a block: each input vector loaded serves VB of them */
 
-/* w [V, D] int8; scale [V]; colsum [V]; x [M, 2, D] uint8 (hi, then lo codes + 128); t [M];
- * g [M, V] out. Returns 0. */
+/* The 8 int32 lanes' sums of the 8 vectors a[0..7] -> out[0..7]: halve each to 256 bits, then
+ * three rounds of pairwise horizontal adds (3 instructions a sum instead of a full reduction each). */
+TARGET static inline void reduce8(const __m512i *a, int32_t *out) {
+    __m256i h[8];
+    for (int j = 0; j < 8; j++)
+        h[j] = _mm256_add_epi32(_mm512_castsi512_si256(a[j]), _mm512_extracti64x4_epi64(a[j], 1));
+    const __m256i p0 = _mm256_hadd_epi32(h[0], h[1]), p1 = _mm256_hadd_epi32(h[2], h[3]);
+    const __m256i p2 = _mm256_hadd_epi32(h[4], h[5]), p3 = _mm256_hadd_epi32(h[6], h[7]);
+    const __m256i q0 = _mm256_hadd_epi32(p0, p1), q1 = _mm256_hadd_epi32(p2, p3);
+    /* q0 lanes: [a0 a1 a2 a3 | a0 a1 a2 a3] halves (low 128 bits, high 128 bits); likewise q1 for a4..7 */
+    const __m256i lo = _mm256_permute2x128_si256(q0, q1, 0x20), hi = _mm256_permute2x128_si256(q0, q1, 0x31);
+    _mm256_storeu_si256((__m256i *)out, _mm256_add_epi32(lo, hi));
+}
+
+/* One 64-column chunk: layer rows v0 .. v0 + 3 (w0..w3) against the R input rows' levels x0..x3
+ * (R == 1: x0, x1 alone), accumulated into a<layer row><input level>. */
+/* acc += x (unsigned bytes) . w (signed bytes), in place: through the intrinsic, GCC -O2 copies every
+ * accumulator twice a chunk (vpdpbusd overwrites its accumulator), which costs more than the dot products */
+#define DPBUSD(acc, xv, wv) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(xv), "v"(wv))
+#define DOT_ROW(b, wv)                                                                                     \
+    do {                                                                                                   \
+        DPBUSD(a##b##0, x0, wv);                                                    \
+        DPBUSD(a##b##1, x1, wv);                                                    \
+        if (R == 2) {                                                                                      \
+            DPBUSD(a##b##2, x2, wv);                                                \
+            DPBUSD(a##b##3, x3, wv);                                                \
+        }                                                                                                  \
+    } while (0)
+#define BOTH(hi, lo) _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo)
+
+/* Layer rows v0 .. v0 + 3 against input rows m0 (and m0 + 1 if R == 2) -> sums[2 b + r] of
+ * 128 acc_hi + acc_lo (the codes + 128 as stored). R is a constant at each call site. */
+TARGET static inline __attribute__((always_inline)) void block(const int8_t *w, const uint8_t *x, int64_t D,
+                                                                int64_t v0, int64_t m0, const int R, int32_t *sums) {
+    const __m512i z = _mm512_setzero_si512();
+    __m512i a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+    __m512i a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+    const uint8_t *xr = x + m0 * 2 * D;
+    const int8_t *wr = w + v0 * D; /* the block's codes, chunk by chunk: [D / 64][4][64] */
+    for (int64_t c = 0; c < D; c += 64) {
+        const __m512i x0 = _mm512_loadu_si512(xr + c), x1 = _mm512_loadu_si512(xr + D + c);
+        const __m512i x2 = R == 2 ? _mm512_loadu_si512(xr + 2 * D + c) : z;
+        const __m512i x3 = R == 2 ? _mm512_loadu_si512(xr + 3 * D + c) : z;
+        const __m512i w0 = _mm512_loadu_si512(wr + 4 * c), w1 = _mm512_loadu_si512(wr + 4 * c + 64);
+        const __m512i w2 = _mm512_loadu_si512(wr + 4 * c + 128), w3 = _mm512_loadu_si512(wr + 4 * c + 192);
+        DOT_ROW(0, w0);
+        DOT_ROW(1, w1);
+        DOT_ROW(2, w2);
+        DOT_ROW(3, w3);
+    }
+    const __m512i both[8] = {BOTH(a00, a01), BOTH(a02, a03), BOTH(a10, a11), BOTH(a12, a13),
+                             BOTH(a20, a21), BOTH(a22, a23), BOTH(a30, a31), BOTH(a32, a33)};
+    reduce8(both, sums);
+}
+
+/* w: the codes in blocks of VB rows, [ceil(V / VB)][D / 64][VB][64] int8 (rows past V zero);
+ * scale [V]; colsum [V]; x [M, 2, D] uint8 (hi, then lo codes + 128); t [M]; g [M, V] out. Blocks of VB
+ * layer rows by two input rows share every load (16 dot products for 4 weight and 4 input loads a
+ * 64-column chunk), and each thread reads its part of w front to back. Returns 0. */
 TARGET int spectui_screen_int8(int64_t M, int64_t V, int64_t D, const int8_t *w, const float *scale,
                                const int32_t *colsum, const uint8_t *x, const float *t, float *g, int threads) {
-    const int64_t chunks = D / 64;
+    const int64_t blocks = (V + VB - 1) / VB;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
-    for (int64_t v = 0; v < V; v++) {
-        const int8_t *row = w + v * D;
-        for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-            const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
-            __m512i acc[2 * ROWS];
-            for (int j = 0; j < 2 * ROWS; j++) acc[j] = _mm512_setzero_si512();
-            for (int64_t c = 0; c < chunks; c++) {
-                const __m512i wv = _mm512_loadu_si512(row + c * 64);
-                for (int j = 0; j < 2 * R; j++) /* row m0 + j / 2, level j % 2 */
-                    acc[j] = _mm512_dpbusd_epi32(acc[j], _mm512_loadu_si512(x + ((m0 + j / 2) * 2 + j % 2) * D + c * 64), wv);
-            }
-            const int64_t shift = 129 * 128 * (int64_t)colsum[v];
-            for (int r = 0; r < R; r++) {
-                const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(acc[2 * r], 7), acc[2 * r + 1]);
-                const int64_t A = (int64_t)_mm512_reduce_add_epi32(both) - shift;
-                g[(m0 + r) * V + v] = (float)((double)scale[v] * ((double)t[m0 + r] * (double)A));
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t v0 = blk * VB, rows = V - v0 < VB ? V - v0 : VB;
+        for (int64_t m0 = 0; m0 < M; m0 += 2) {
+            const int R = M - m0 < 2 ? 1 : 2;
+            int32_t sums[8];
+            if (R == 2)
+                block(w, x, D, v0, m0, 2, sums);
+            else
+                block(w, x, D, v0, m0, 1, sums);
+            for (int b = 0; b < rows; b++) {
+                const double shift = 129.0 * 128.0 * (double)colsum[v0 + b];
+                for (int r = 0; r < R; r++) {
+                    const double A = (double)sums[b * 2 + r] - shift; /* exact: |A| < 2^53 */
+                    g[(m0 + r) * V + v0 + b] = (float)((double)scale[v0 + b] * ((double)t[m0 + r] * A));
+                }
             }
         }
     }
     return 0;
 }
 
-/* W [V, D] fp32 -> codes [V, D] int8, scale [V], colsum [V], err_norm [V] >= |W_v - s_v q_v|,
+/* W [V, D] fp32 -> codes (the layout above, zero-filled by the caller) int8, scale [V], colsum [V], err_norm [V] >= |W_v - s_v q_v|,
  * q_norm [V] >= |s_v q_v|. Returns 0. */
 int spectui_quantize_int8(int64_t V, int64_t D, const float *W, int8_t *codes, float *scale, int32_t *colsum,
                           float *err_norm, float *q_norm, int threads) {
@@ -67,7 +124,7 @@ int spectui_quantize_int8(int64_t V, int64_t D, const float *W, int8_t *codes, f
         for (int64_t i = 0; i < D; i++) {
             float q = nearbyintf(w[i] / s);
             q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
-            codes[v * D + i] = (int8_t)q;
+            codes[(v / VB) * VB * D + (i / 64) * VB * 64 + (v % VB) * 64 + i % 64] = (int8_t)q;
             sum += (int32_t)q;
             const double wq = (double)s * (double)q, e = (double)w[i] - wq;
             e2 += e * e;

@@ -1,11 +1,12 @@
-"""The output screen's int8 product (kernels/screen_int8.py): its bound holds, and the screen that
-uses it for one- and two-row calls still gives the fp32 head's argmax."""
+"""The output screen's int8 product (kernels/screen_int8.py): it computes exactly the integer
+product its docstring states, its bound holds, and the screen that uses it still gives the fp32
+head's argmax."""
 
 import pytest
 import torch
 
 from spectui.kernels import screen_int8
-from spectui.kernels.argmax_head import INT8_ROWS, ArgmaxScreen
+from spectui.kernels.argmax_head import ArgmaxScreen
 from spectui.kernels.guarded_head import GuardedHead
 
 pytestmark = pytest.mark.skipif(not screen_int8.available(), reason="the int8 screen needs AVX512-VNNI and a C compiler")
@@ -21,7 +22,27 @@ def layer(seed: int, V: int = 4096, D: int = 576) -> torch.Tensor:
     return W
 
 
-@pytest.mark.parametrize("M", [1, 2, 5])
+@pytest.mark.parametrize("M,V", [(1, 4096), (2, 4099), (3, 4098), (5, 4097)])
+def test_the_c_product_is_the_stated_integer_product(M, V):
+    """g = float(s_v t (q_v . (128 p_hi + p_lo))) with q_v = round(W_v / s_v): the blocked C loop
+    (rows in blocks of 4, a short last block when V % 4 != 0, input rows in pairs and a last one)
+    gives these bits."""
+    W = layer(M, V=V)
+    screen = screen_int8.Int8Screen(W)
+    x = torch.randn(M, W.shape[1], generator=torch.Generator().manual_seed(M)) * 3
+    got, _ = screen(x)
+    scale = W.abs().amax(dim=1) / 127  # [V] fp32, as the C side divides (an all-zero row: 1e-30)
+    scale = torch.where(scale > 1e-30, scale, torch.tensor(1e-30))
+    assert torch.equal(scale, screen.scale)
+    q = torch.round(W / scale[:, None]).clamp(-127, 127).long()  # [V, D]
+    codes, t, _ = screen.levels(x)
+    p = 128 * (codes[:, 0].long() - 128) + (codes[:, 1].long() - 128)  # [M, D]
+    A = p @ q.T  # [M, V], exact in int64
+    want = (screen.scale.double()[None] * (t.double()[:, None] * A.double())).float()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 16])
 def test_the_int8_products_error_stays_inside_its_bound(M):
     W = layer(M)
     screen = screen_int8.Int8Screen(W)
@@ -41,11 +62,11 @@ def test_the_int8_products_error_stays_inside_its_bound(M):
     assert worst > 1e-3  # the bound is not vacuous: the product's error is a visible part of it
 
 
-def test_the_screen_takes_int8_for_short_calls_and_keeps_the_argmax():
+def test_the_screen_takes_int8_and_keeps_the_argmax():
     W = layer(3)
     head = GuardedHead(torch.nn.Parameter(W, requires_grad=False))
     screen = ArgmaxScreen(head, "dot")
-    assert screen.int8 is not None and INT8_ROWS >= 1
+    assert screen.int8 is not None
     g = torch.Generator().manual_seed(9)
     X = torch.randn(12, W.shape[1], generator=g) * 2
     for r in range(0, 12, 3):  # some rows with a clear winner, one with a planted near-tie
@@ -58,7 +79,7 @@ def test_the_screen_takes_int8_for_short_calls_and_keeps_the_argmax():
     screen = ArgmaxScreen(head, "dot")
     picked = screen.screen_in_c(X[:1])
     assert picked is not None and picked[1] is not screen.dot_bound  # int8's bound, not the bf16 loop's
-    got = torch.cat([screen(X[i:i + INT8_ROWS]) for i in range(0, 12, INT8_ROWS)])  # [12, V]
+    got = torch.cat([screen(X[:1]), screen(X[1:3]), screen(X[3:])])  # [12, V]: calls of 1, 2 and 9 rows
     canonical = torch.stack([head.canonical(x) for x in X])
     assert torch.equal(got.argmax(-1), canonical.argmax(-1))
     assert screen.recomputed >= 1 and screen.screened >= 8  # the near-tie went the canonical way
