@@ -10,7 +10,8 @@
  *
  * which is exactly (s_v q_v) . (t (128 p_hi + p_lo)) up to that last rounding; screen_int8.py bounds
  * the rest. D % 64 == 0. The layer is stored in blocks of 4 rows, their 64-column chunks side by side
- * (spectui_screen_int8), so a thread reads its rows front to back and each input load serves 4 rows.
+ * (spectui_screen_int8), so a thread reads its rows front to back and each input load serves 4 rows;
+ * a block's 8 results are scaled in one vector of doubles (the same operations as one at a time).
  *
  * spectui_quantize_int8 makes the copy at load in one pass: s_v = max_i |W_vi| / 127, q = round(W / s_v)
  * clamped to [-127, 127], colsum_v, and the norms |W_v - s_v q_v| and |s_v q_v| summed in double (each
@@ -96,6 +97,19 @@ TARGET int spectui_screen_int8(int64_t M, int64_t V, int64_t D, const int8_t *w,
                 block(w, x, D, v0, m0, 2, sums);
             else
                 block(w, x, D, v0, m0, 1, sums);
+            if (rows == VB && R == 2) { /* the 8 sums at once, lanes b * 2 + r: the same double arithmetic */
+                const __m256i pair = _mm256_set_epi32(1, 0, 1, 0, 1, 0, 1, 0), dup = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
+                const __m512d tv = _mm512_cvtps_pd(_mm256_permutexvar_ps(pair, _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(t + m0))))));
+                const __m512d sv = _mm512_cvtps_pd(_mm256_permutexvar_ps(dup, _mm256_castps128_ps256(_mm_loadu_ps(scale + v0))));
+                const __m512d cv = _mm512_cvtepi32_pd(_mm256_permutexvar_epi32(dup, _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(colsum + v0)))));
+                const __m512d A = _mm512_sub_pd(_mm512_cvtepi32_pd(_mm256_loadu_si256((const __m256i *)sums)),
+                                                _mm512_mul_pd(_mm512_set1_pd(129.0 * 128.0), cv)); /* exact: |A| < 2^53 */
+                const __m256 out = _mm512_cvtpd_ps(_mm512_mul_pd(sv, _mm512_mul_pd(tv, A))); /* lanes b * 2 + r */
+                const __m256 rows01 = _mm256_permutexvar_ps(_mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0), out);
+                _mm_storeu_ps(g + m0 * V + v0, _mm256_castps256_ps128(rows01));
+                _mm_storeu_ps(g + (m0 + 1) * V + v0, _mm256_extractf128_ps(rows01, 1));
+                continue;
+            }
             for (int b = 0; b < rows; b++) {
                 const double shift = 129.0 * 128.0 * (double)colsum[v0 + b];
                 for (int r = 0; r < R; r++) {
