@@ -120,8 +120,8 @@ def dense(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Path |
     return None if fn is None else DenseKernel(fn, weight, bias)
 
 
-# spectui_screen_candidates(M, V, g, bound, norm, slack, cap, idx, count)
-CANDIDATE_ARGTYPES = [ct.c_int64, ct.c_int64] + [ct.c_void_p] * 4 + [ct.c_int64] + [ct.c_void_p] * 2
+# spectui_screen_candidates(M, V, g, bound, norm, slack, cap, idx, count, threads)
+CANDIDATE_ARGTYPES = [ct.c_int64, ct.c_int64] + [ct.c_void_p] * 4 + [ct.c_int64] + [ct.c_void_p] * 2 + [ct.c_int]
 
 
 def candidate_selector(folder: Path | None = None):
@@ -136,7 +136,8 @@ def candidate_selector(folder: Path | None = None):
         g, norms, slack = g.float().contiguous(), norms.float().contiguous(), slack.float().contiguous()
         idx = torch.empty(M, cap, dtype=torch.long)
         count = torch.empty(M, dtype=torch.long)
-        fn(M, V, g.data_ptr(), bound.data_ptr(), norms.data_ptr(), slack.data_ptr(), cap, idx.data_ptr(), count.data_ptr())
+        fn(M, V, g.data_ptr(), bound.data_ptr(), norms.data_ptr(), slack.data_ptr(), cap, idx.data_ptr(), count.data_ptr(),
+           torch.get_num_threads())
         return idx, count
 
     return select

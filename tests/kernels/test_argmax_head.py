@@ -73,11 +73,12 @@ def test_the_screens_error_bound_holds_with_room():
 
 
 
-@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("M,V", [(1, 4096), (3, 4101), (8, 4096)])
 @pytest.mark.parametrize("product", PRODUCTS[1:])
-def test_candidates_picked_in_c_are_the_sets_the_torch_ops_pick(M, product):
-    """dense_cpu.c's spectui_screen_candidates against C = {v : g_v + r_v >= max(g - r) - slack} in torch."""
-    head, X = head_and_rows(5, ties=False, M=M)
+def test_candidates_picked_in_c_are_the_sets_the_torch_ops_pick(M, V, product):
+    """dense_cpu.c's spectui_screen_candidates against C = {v : g_v + r_v >= max(g - r) - slack} in torch
+    (V = 4101: the AVX-512 loop's last 5 tokens go one at a time)."""
+    head, X = head_and_rows(5, V=V, ties=False, M=M)
     X[0] = 0  # a flat row: every token a candidate, more than the C list holds
     screen = ArgmaxScreen(head, product)
     assert screen.select is not None and screen.screen_in_c(X) is not None
