@@ -98,7 +98,8 @@ class FeatureHead(nn.Module):
     def use_kernels(self) -> bool:
         """Run inference through kernels/dense_cpu.py where it serves this CPU: fp32 weights on AVX2
         without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot): about 2x faster drafting
-        there. Training never calls this. True if it does."""
+        there; the draft rows from an int8 copy with AVX512-VNNI (Int8Kernel). Training never calls
+        this. True if it does."""
         kernels = {name: drafter_kernel(getattr(self, name).weight, getattr(self, name).bias) for name in LINEARS}
         kernels["draft"] = drafter_kernel(self.draft_rows)
         if any(k is None for k in kernels.values()):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import native
+from . import native, screen_int8
 
 # spectui_dense_bf16(M, N, K, x, ldx, w, bias, y, ldy, threads)
 ARGTYPES = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_void_p,
@@ -83,9 +83,29 @@ def bf16_dot(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Pat
     return None if fn is None else DotKernel(fn, weight, bias)
 
 
+INT8_MIN_ROWS = 4096  # a drafter's output layer (8,192 or 49,152 rows here) reads an int8 copy where it can
+
+
+class Int8Kernel:
+    """x [..., K] -> about x @ W^T [..., N] fp32 from screen_int8.c's int8 copy of W (AVX512-VNNI):
+    half the bytes of bf16, and the rows of a drafting level share each weight load. Drafts need
+    no exact logits (the verifier decides), and the error is the screen's, a few 1e-4 of a logit."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.screen = screen_int8.Int8Screen(weight)
+        self.N, self.K = weight.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.screen.product(x.reshape(-1, self.K)).view(*x.shape[:-1], self.N)
+
+
 def drafter_kernel(weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """This file's product for a drafter's weight [N, K] where it serves this CPU and dtype: fp32
-    weights on AVX2 without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot); else None."""
+    """This file's product for a drafter's weight [N, K] where it serves this CPU and dtype: an output
+    layer without bias (N >= INT8_MIN_ROWS, K % 64 == 0) in int8 with AVX512-VNNI; else fp32 weights
+    on AVX2 without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot); else None."""
+    if (bias is None and weight.dim() == 2 and weight.shape[0] >= INT8_MIN_ROWS and weight.shape[1] % 64 == 0
+            and weight.shape[1] <= 4096 and weight.device.type == "cpu" and screen_int8.available()):
+        return Int8Kernel(weight)
     make = {torch.float32: dense, torch.bfloat16: bf16_dot}.get(weight.dtype)
     return None if make is None else make(weight, bias)
 

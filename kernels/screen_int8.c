@@ -122,6 +122,39 @@ TARGET int spectui_screen_int8(int64_t M, int64_t V, int64_t D, const int8_t *w,
     return 0;
 }
 
+/* x [M, D] fp32 -> codes [M, 2, D] (p_hi + 128, then p_lo + 128), t [M] and rho [M] = |delta_m| / |x_m|
+ * (screen_int8.py's levels, operation for operation: t_hi = max|x| / 127 in float, at least 2^-100;
+ * p_hi = round(x / t_hi) in float; r = x - t_hi p_hi in double (exact); p_lo = round(r / t) in double,
+ * t = t_hi / 128; delta = r - t p_lo; ties to even, codes clamped to [-127, 127]). Returns 0. */
+int spectui_int8_levels(int64_t M, int64_t D, const float *x, uint8_t *codes, float *t, double *rho, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads > 0 && M > 1 ? threads : 1)
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * D;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < D; i++) amax = fmaxf(amax, fabsf(row[i]));
+        float t_hi = amax / 127.0f;
+        t_hi = t_hi < 0x1p-100f ? 0x1p-100f : t_hi;
+        const float step = t_hi / 128.0f; /* exact */
+        double d2 = 0.0, x2 = 0.0;
+        for (int64_t i = 0; i < D; i++) {
+            float hi = nearbyintf(row[i] / t_hi);
+            hi = hi > 127.0f ? 127.0f : hi < -127.0f ? -127.0f : hi;
+            const double r = (double)row[i] - (double)t_hi * (double)hi;
+            double lo = nearbyint(r / (double)step);
+            lo = lo > 127.0 ? 127.0 : lo < -127.0 ? -127.0 : lo;
+            const double delta = r - (double)step * lo;
+            d2 += delta * delta;
+            x2 += (double)row[i] * (double)row[i];
+            codes[(m * 2) * D + i] = (uint8_t)(int)(hi + 128.0f);
+            codes[(m * 2 + 1) * D + i] = (uint8_t)(int)(lo + 128.0);
+        }
+        t[m] = step;
+        const double norm = sqrt(x2);
+        rho[m] = sqrt(d2) / (norm > 1e-300 ? norm : 1e-300);
+    }
+    return 0;
+}
+
 /* W [V, D] fp32 -> codes (the layout above, zero-filled by the caller) int8, scale [V], colsum [V], err_norm [V] >= |W_v - s_v q_v|,
  * q_norm [V] >= |s_v q_v|. Returns 0. */
 int spectui_quantize_int8(int64_t V, int64_t D, const float *W, int8_t *codes, float *scale, int32_t *colsum,

@@ -6,7 +6,9 @@ In int8 it is 28.3 MB. With AVX512-VNNI, vpdpbusd multiplies 64 byte pairs an in
 product stays at the speed of reading the bytes. The C loop takes 4 layer rows by 2 input rows a
 pass, so a tree's rows cost little more than one (2-core AMD EPYC, 49,152 x 576, alone in a loop:
 1 row 0.6-1.2 ms, 4 rows 1.0, 8 rows 2.2-3.3, 16 rows 4.4-4.7; a row at a time it was 1.4-2.0,
-2.5-2.8, 5.1-7.9 and 9.5-12 ms), and the screen takes it for every call.
+2.5-2.8, 5.1-7.9 and 9.5-12 ms), and the screen takes it for every call. The input levels are made
+in C too (spectui_int8_levels), and drafters' output layers read their own int8 copies through
+`product` alone (kernels/dense_cpu.py Int8Kernel).
 
 Quantization (at load, in C: screen_int8.c spectui_quantize_int8). Row v: q_v = round(W_v / s_v),
 s_v = max_i |W_vi| / 127, and Wq_v = s_v q_v. An input row x (fp32) goes in two int8 levels:
@@ -41,6 +43,8 @@ I64, PTR = ct.c_int64, ct.c_void_p
 ARGTYPES = [I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, ct.c_int]
 # spectui_quantize_int8(V, D, W, codes, scale, colsum, err_norm, q_norm, threads)
 QUANTIZE_ARGS = [I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, ct.c_int]
+# spectui_int8_levels(M, D, x, codes, t, rho, threads)
+LEVELS_ARGS = [I64, I64, PTR, PTR, PTR, PTR, ct.c_int]
 
 
 def vnni() -> bool:
@@ -62,7 +66,8 @@ class Int8Screen:
             raise ValueError(f"the int8 screen reads rows of up to 4,096 in blocks of 64; this layer has {D} columns")
         self.fn = native.function("screen_int8", "spectui_screen_int8", ARGTYPES)[0]
         prepare = native.function("screen_int8", "spectui_quantize_int8", QUANTIZE_ARGS)[0]
-        if self.fn is None or prepare is None or not vnni():
+        self.make_levels = native.function("screen_int8", "spectui_int8_levels", LEVELS_ARGS)[0]
+        if self.fn is None or prepare is None or self.make_levels is None or not vnni():
             raise RuntimeError("kernels/screen_int8.c needs AVX512-VNNI and a C compiler")
         W = W.contiguous()
         self.codes = torch.zeros(-(-V // 4) * 4 * D, dtype=torch.int8)  # rows in blocks of 4, chunk-interleaved (screen_int8.c)
@@ -73,22 +78,28 @@ class Int8Screen:
         self.V, self.D = V, D
 
     def levels(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """x [M, D] fp32 -> (codes [M, 2, D] uint8: p_hi, p_lo plus 128; t [M]; rho), as the module docstring."""
+        """x [M, D] fp32 -> (codes [M, 2, D] uint8: p_hi, p_lo plus 128; t [M]; rho), as the module
+        docstring (in C: spectui_int8_levels; rho from its per-row |delta| / |x|, rounded up)."""
+        x = x.float().contiguous()
         M = x.shape[0]
-        t_hi = (x.abs().amax(dim=1, keepdim=True) / 127).clamp_min(2.0**-100)  # [M, 1] fp32
-        t = t_hi / 128  # exact: the low level's step
-        p_hi = torch.round(x / t_hi).clamp_(-127, 127)  # [M, D]
-        r = x.double() - t_hi.double() * p_hi  # exact: a float times a code fits float64; |r| <~ t_hi / 2
-        p_lo = torch.round(r / t.double()).clamp_(-127, 127)  # [M, D], |p_lo| <~ 64
-        delta = r - t.double() * p_lo  # [M, D]: x - t (128 p_hi + p_lo), |delta| <= t / 2
-        rho = float((delta.norm(dim=1) / x.double().norm(dim=1).clamp_min(1e-300)).max()) * (1 + 1e-6) + 1e-12
-        codes = (torch.stack([p_hi, p_lo.float()], dim=1) + 128).to(torch.uint8).contiguous()  # [M, 2, D]
-        return codes, t.reshape(M).contiguous(), rho
+        codes = torch.empty(M, 2, self.D, dtype=torch.uint8)
+        t = torch.empty(M, dtype=torch.float32)
+        rho = torch.empty(M, dtype=torch.float64)
+        self.make_levels(M, self.D, x.data_ptr(), codes.data_ptr(), t.data_ptr(), rho.data_ptr(), torch.get_num_threads())
+        return codes, t, float(rho.max()) * (1 + 1e-6) + 1e-12
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, D] -> g [M, V] fp32 (the screen's product alone: what a drafter's output layer needs)."""
+        codes, t, _ = self.levels(x)
+        return self._product(codes, t)
+
+    def _product(self, codes: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        g = torch.empty(codes.shape[0], self.V, dtype=torch.float32)
+        self.fn(codes.shape[0], self.V, self.D, self.codes.data_ptr(), self.scale.data_ptr(), self.colsum.data_ptr(),
+                codes.data_ptr(), t.data_ptr(), g.data_ptr(), torch.get_num_threads())
+        return g
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] fp32 -> (g [M, V] fp32, bound [V]): |s_v - g_mv| <= bound_v |x_m| + 2^-20 |g_mv|."""
         codes, t, rho = self.levels(x)
-        g = torch.empty(x.shape[0], self.V, dtype=torch.float32)
-        self.fn(x.shape[0], self.V, self.D, self.codes.data_ptr(), self.scale.data_ptr(), self.colsum.data_ptr(),
-                codes.data_ptr(), t.data_ptr(), g.data_ptr(), torch.get_num_threads())
-        return g, torch.add(self.err_norm, self.q_norm, alpha=rho)
+        return self._product(codes, t), torch.add(self.err_norm, self.q_norm, alpha=rho)

@@ -22,6 +22,32 @@ def layer(seed: int, V: int = 4096, D: int = 576) -> torch.Tensor:
     return W
 
 
+def torch_levels(x: torch.Tensor):
+    """screen_int8.py's two input levels written as torch ops: codes [M, 2, D], t [M], rho [M]."""
+    t_hi = (x.abs().amax(dim=1, keepdim=True) / 127).clamp_min(2.0**-100)
+    t = t_hi / 128
+    p_hi = torch.round(x / t_hi).clamp_(-127, 127)
+    r = x.double() - t_hi.double() * p_hi
+    p_lo = torch.round(r / t.double()).clamp_(-127, 127)
+    delta = r - t.double() * p_lo
+    rho = delta.norm(dim=1) / x.double().norm(dim=1).clamp_min(1e-300)
+    return (torch.stack([p_hi, p_lo.float()], dim=1) + 128).to(torch.uint8), t.reshape(-1), rho
+
+
+def test_the_c_levels_are_the_torch_levels():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 576, generator=g) * 3
+    x[1] = 0  # a zero row: the smallest step, all codes 128
+    x[2, 5] = 300  # a massive activation
+    x[3] = torch.round(torch.randn(576, generator=g) * 50) / 2  # exact halves: ties to even in both
+    x[4, :] = 1e-30
+    screen = screen_int8.Int8Screen(layer(0, V=64))
+    codes, t, rho = screen.levels(x)
+    want_codes, want_t, want_rho = torch_levels(x)
+    assert torch.equal(codes, want_codes) and torch.equal(t, want_t)
+    assert want_rho.max() <= rho <= float(want_rho.max()) * (1 + 2e-6) + 1e-12
+
+
 @pytest.mark.parametrize("M,V", [(1, 4096), (2, 4099), (3, 4098), (5, 4097)])
 def test_the_c_product_is_the_stated_integer_product(M, V):
     """g = float(s_v t (q_v . (128 p_hi + p_lo))) with q_v = round(W_v / s_v): the blocked C loop
@@ -83,3 +109,19 @@ def test_the_screen_takes_int8_and_keeps_the_argmax():
     canonical = torch.stack([head.canonical(x) for x in X])
     assert torch.equal(got.argmax(-1), canonical.argmax(-1))
     assert screen.recomputed >= 1 and screen.screened >= 8  # the near-tie went the canonical way
+
+
+def test_a_drafters_output_layer_reads_the_int8_copy_within_the_screens_bound():
+    from spectui.kernels import dense_cpu
+
+    W = layer(6, V=dense_cpu.INT8_MIN_ROWS + 3, D=128).to(torch.bfloat16)  # like the boost SSM's 49,152 x 128
+    kernel = dense_cpu.drafter_kernel(W)
+    assert isinstance(kernel, dense_cpu.Int8Kernel)
+    assert not isinstance(dense_cpu.drafter_kernel(W[:512]), dense_cpu.Int8Kernel)  # a small layer: not the int8 copy
+    assert not isinstance(dense_cpu.drafter_kernel(W, torch.zeros(W.shape[0])), dense_cpu.Int8Kernel)  # nor with a bias
+    x = torch.randn(2, 3, 128, generator=torch.Generator().manual_seed(2))
+    got = kernel(x)  # [2, 3, V]
+    exact = x.reshape(-1, 128).double() @ W.double().T
+    _, bound = kernel.screen(x.reshape(-1, 128))
+    allowed = bound.double()[None] * x.reshape(-1, 128).double().norm(dim=1, keepdim=True) + 2.0**-20 * exact.abs() + 1e-6
+    assert got.shape == (2, 3, W.shape[0]) and bool(((got.reshape(6, -1).double() - exact).abs() <= allowed).all())
