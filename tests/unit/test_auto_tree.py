@@ -160,7 +160,7 @@ def test_drafting_cost_is_a_steps_forwards_not_a_long_catch_up():
         kind, name = "model", "ssm"
 
         def __init__(self) -> None:
-            self.seen = self.fed_last = 0
+            self.seen = self.fed_last = self.levels = 0
 
         def begin(self, committed, tree, source, width):
             self.fed_last, self.seen = len(committed) - self.seen, len(committed)
@@ -169,6 +169,7 @@ def test_drafting_cost_is_a_steps_forwards_not_a_long_catch_up():
 
         def expand(self, tree, source, frontier, width):
             time.sleep(0.002)
+            self.levels += 1
             return [tree.add(frontier[0], 8 + tree.depths[frontier[0]], source, 0.9, prob_bin(0.9))]
 
         def finish(self) -> None:
@@ -179,5 +180,8 @@ def test_drafting_cost_is_a_steps_forwards_not_a_long_catch_up():
     drafter = SleepingDrafter()
     auto.draft(list(range(60)), [drafter], "union")  # catches up 60 tokens: 120 ms
     assert drafter.fed_last > STEADY_CATCH_UP and costs.draft("ssm") < 5.0  # counted, it would be >= 13 ms
+    drafter.levels = 0
     auto.draft(list(range(62)), [drafter], "union")  # a usual step: 2 tokens, 4 ms
     assert drafter.fed_last <= STEADY_CATCH_UP and 1.5 < costs.draft("ssm") < 10.0
+    # the run is judged by all of it: the 4 ms catch-up and every level, not its last forward
+    assert auto.run_ms["ssm"] >= 0.95 * (4.0 + 2.0 * drafter.levels)
