@@ -89,7 +89,8 @@ INT8_MIN_ROWS = 4096  # a drafter's output layer (8,192 or 49,152 rows here) rea
 class Int8Kernel:
     """x [..., K] -> about x @ W^T [..., N] fp32 from screen_int8.c's int8 copy of W (AVX512-VNNI):
     half the bytes of bf16, and the rows of a drafting level share each weight load. Drafts need
-    no exact logits (the verifier decides), and the error is the screen's, a few 1e-4 of a logit."""
+    no exact logits (the verifier decides); the error stays within the screen's bound (screen_int8.py:
+    mostly the weights' int8 rounding, |W_v - Wq_v| |x|)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.screen = screen_int8.Int8Screen(weight)

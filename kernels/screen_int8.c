@@ -39,19 +39,19 @@ TARGET static inline void reduce8(const __m512i *a, int32_t *out) {
     _mm256_storeu_si256((__m256i *)out, _mm256_add_epi32(lo, hi));
 }
 
-/* One 64-column chunk: layer rows v0 .. v0 + 3 (w0..w3) against the R input rows' levels x0..x3
- * (R == 1: x0, x1 alone), accumulated into a<layer row><input level>. */
 /* acc += x (unsigned bytes) . w (signed bytes), in place: through the intrinsic, GCC -O2 copies every
  * accumulator twice a chunk (vpdpbusd overwrites its accumulator), which costs more than the dot products */
 #define DPBUSD(acc, xv, wv) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(xv), "v"(wv))
-#define DOT_ROW(b, wv)                                                                                     \
-    do {                                                                                                   \
-        DPBUSD(a##b##0, x0, wv);                                                    \
-        DPBUSD(a##b##1, x1, wv);                                                    \
-        if (R == 2) {                                                                                      \
-            DPBUSD(a##b##2, x2, wv);                                                \
-            DPBUSD(a##b##3, x3, wv);                                                \
-        }                                                                                                  \
+/* One 64-column chunk of layer row b (its codes wv) against the R input rows' levels x0..x3 (R == 1:
+ * x0, x1 alone), accumulated into a<layer row><input level>. */
+#define DOT_ROW(b, wv)                  \
+    do {                                \
+        DPBUSD(a##b##0, x0, wv);        \
+        DPBUSD(a##b##1, x1, wv);        \
+        if (R == 2) {                   \
+            DPBUSD(a##b##2, x2, wv);    \
+            DPBUSD(a##b##3, x3, wv);    \
+        }                               \
     } while (0)
 #define BOTH(hi, lo) _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo)
 
