@@ -197,19 +197,20 @@ DOT_TARGET int spectui_dot_bf16(int64_t M, int64_t N, int64_t K, const uint16_t 
  * rows split among threads, 16 v at a time where the CPU has AVX-512.
  * The arithmetic is the torch version's, op for op in fp32 (no contraction: -ffp-contract=off).
  */
+/* r_v = bound_v * norm + 2^-20 |g_v| + 1e-30, in that order, in fp32 */
+static inline float radius(float g, float bound, float n) { return bound * n + 0x1p-20f * __builtin_fabsf(g) + 1e-30f; }
+
 static void candidates_row(int64_t V, const float *row, const float *bound, float n, float slack, int64_t cap,
                            int64_t *idx, int64_t *count) {
     float best = -__builtin_inff();
     for (int64_t v = 0; v < V; v++) {
-        const float r = bound[v] * n + 0x1p-20f * __builtin_fabsf(row[v]) + 1e-30f;
-        const float low = row[v] - r;
+        const float low = row[v] - radius(row[v], bound[v], n);
         best = low > best ? low : best;
     }
     const float floor = best - slack;
     int64_t c = 0;
     for (int64_t v = 0; v < V && c <= cap; v++) {
-        const float r = bound[v] * n + 0x1p-20f * __builtin_fabsf(row[v]) + 1e-30f;
-        if (row[v] + r >= floor) {
+        if (row[v] + radius(row[v], bound[v], n) >= floor) {
             if (c < cap) idx[c] = v;
             c++;
         }
@@ -235,7 +236,7 @@ __attribute__((target("avx512f"))) static void candidates_row_512(int64_t V, con
     _mm512_storeu_ps(lanes, bestv);
     for (int j = 0; j < 16; j++) best = lanes[j] > best ? lanes[j] : best;
     for (int64_t v = whole; v < V; v++) {
-        const float low = row[v] - (bound[v] * n + 0x1p-20f * __builtin_fabsf(row[v]) + 1e-30f);
+        const float low = row[v] - radius(row[v], bound[v], n);
         best = low > best ? low : best;
     }
     const float floor = best - slack;
@@ -251,8 +252,7 @@ __attribute__((target("avx512f"))) static void candidates_row_512(int64_t V, con
     }
 #undef R_OF
     for (int64_t v = whole; v < V && c <= cap; v++) {
-        const float r = bound[v] * n + 0x1p-20f * __builtin_fabsf(row[v]) + 1e-30f;
-        if (row[v] + r >= floor) {
+        if (row[v] + radius(row[v], bound[v], n) >= floor) {
             if (c < cap) idx[c] = v;
             c++;
         }

@@ -102,10 +102,10 @@ class Int8Kernel:
 
 def drafter_kernel(weight: torch.Tensor, bias: torch.Tensor | None = None):
     """This file's product for a drafter's weight [N, K] where it serves this CPU and dtype: an output
-    layer without bias (N >= INT8_MIN_ROWS, K % 64 == 0) in int8 with AVX512-VNNI; else fp32 weights
+    layer without bias (N >= INT8_MIN_ROWS, K as screen_int8.fits) in int8 with AVX512-VNNI; else fp32 weights
     on AVX2 without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot); else None."""
-    if (bias is None and weight.dim() == 2 and weight.shape[0] >= INT8_MIN_ROWS and weight.shape[1] % 64 == 0
-            and weight.shape[1] <= 4096 and weight.device.type == "cpu" and screen_int8.available()):
+    if (bias is None and weight.dim() == 2 and weight.shape[0] >= INT8_MIN_ROWS and screen_int8.fits(weight.shape[1])
+            and weight.device.type == "cpu" and screen_int8.available()):
         return Int8Kernel(weight)
     make = {torch.float32: dense, torch.bfloat16: bf16_dot}.get(weight.dtype)
     return None if make is None else make(weight, bias)

@@ -52,6 +52,11 @@ def vnni() -> bool:
     return torch.cpu._is_vnni_supported() and torch.cpu._is_avx512_supported()
 
 
+def fits(columns: int) -> bool:
+    """The C loop reads rows in chunks of 64 columns, and its int32 sums hold for at most 4,096."""
+    return columns % 64 == 0 and columns <= 4096
+
+
 def available() -> bool:
     return vnni() and native.function("screen_int8", "spectui_screen_int8", ARGTYPES)[0] is not None
 
@@ -62,7 +67,7 @@ class Int8Screen:
     def __init__(self, weight: torch.Tensor) -> None:
         W = weight.detach().float()  # [V, D]
         V, D = W.shape
-        if D % 64 or D > 4096:
+        if not fits(D):
             raise ValueError(f"the int8 screen reads rows of up to 4,096 in blocks of 64; this layer has {D} columns")
         self.fn = native.function("screen_int8", "spectui_screen_int8", ARGTYPES)[0]
         prepare = native.function("screen_int8", "spectui_quantize_int8", QUANTIZE_ARGS)[0]
