@@ -62,7 +62,7 @@ class FeatureHeadConfig:
 
 def rope(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, T] -> cos, sin [B, 1, T, D] (LLaMA's rotary: frequencies theta^(-2i/D), halves rotated)."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [D/2]
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)  # [D/2]
     angles = positions[..., None].float() * inv  # [B, T, D/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -148,7 +148,7 @@ class FeatureHead(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(torch.bfloat16) if v.is_floating_point() else v for k, v in self.state_dict().items()}
+        state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).cpu() for k, v in self.state_dict().items()}
         (folder / CONFIG_FILE).write_text(json.dumps({"feature_head": asdict(self.config), **(info or {})}, indent=1))
         save_file(state, str(folder / WEIGHTS_FILE))
 

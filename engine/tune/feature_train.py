@@ -124,7 +124,8 @@ def batch_loss(head: FeatureHead, batch, cfg: FeatureTrainConfig):
     if cfg.second_step:
         # input at t: x_t with the head's own f^_{t-1} (the first position has no prediction: kept true)
         own = torch.cat([prev[:, :1].float(), features[:, :-1].detach().float()], dim=1)
-        feats2, _ = head(tokens, own, positions, past=(k, v), mask=two_step_mask(tokens.shape[1]))
+        mask = two_step_mask(tokens.shape[1]).to(tokens.device)
+        feats2, _ = head(tokens, own, positions, past=(k, v), mask=mask)
         loss2, hit2 = position_losses(head, feats2, target, top, logp, cfg.cls_weight)
         total = total + (loss2 * weights).sum() / weights.sum().clamp(min=1)
     return total, hit, hit2, weights
@@ -142,7 +143,7 @@ def batch_order(n_batches: int, seed: int, step: int) -> int:
 def train_head(head: FeatureHead, parts: list[dict], cfg: FeatureTrainConfig, log: Callable[[str], None] = print,
                budget_s: float | None = None, every_s: float = 600.0, save: Callable[[], None] = lambda: None,
                checkpoints: Path | None = None, checkpoint_every: int = 200,
-               after_step: Callable[[int, float], None] | None = None) -> dict:
+               after_step: Callable[[int, float], None] | None = None, device: torch.device | None = None) -> dict:
     """AdamW with warm-up, then a cosine decay over `epochs` passes of the windows or, with budget_s,
     over that many seconds (the schedule follows the clock, so a time-boxed run ends at the low lr);
     `save` is called every `every_s` seconds and at the end. -> {"steps", "first_loss" (of this
@@ -150,11 +151,14 @@ def train_head(head: FeatureHead, parts: list[dict], cfg: FeatureTrainConfig, lo
 
     checkpoints: a folder for resumable training by epochs (tune.train's checkpoint format: model,
     optimizer, scheduler, step; loaded with weights_only): saved every `checkpoint_every` steps and
-    at the end, and a run that finds one continues from it exactly."""
+    at the end, and a run that finds one continues from it exactly.
+
+    device: where the head (with its borrowed embedding and draft rows) lives; batches are built on
+    the CPU and moved there (CUDA trains in bf16 autocast; a lent GPU, scripts/gpu_teacher.py)."""
     from .train import autocast, load_checkpoint, native_bf16, save_checkpoint
 
     vocab_map = torch.full((int(head.embed.shape[0]),), -1, dtype=torch.long)
-    vocab_map[head.vocab_ids] = torch.arange(len(head.vocab_ids))
+    vocab_map[head.vocab_ids.cpu()] = torch.arange(len(head.vocab_ids))  # batches are built on the CPU
     all_windows = windows(parts, cfg.window)
     all_windows.sort(key=lambda w: w[2] - w[1])
     batches = [all_windows[i : i + cfg.batch_windows] for i in range(0, len(all_windows), cfg.batch_windows)]
@@ -175,13 +179,15 @@ def train_head(head: FeatureHead, parts: list[dict], cfg: FeatureTrainConfig, lo
         step = state["step"]
         log(f"feature head: resuming from the checkpoint at step {step}/{total}")
     loss_value = first_loss = float("nan")
-    use_bf16 = native_bf16()  # else fp32: emulated bf16 is slower
+    device = torch.device(device or "cpu")
+    use_bf16 = device.type == "cuda" or native_bf16()  # else fp32: emulated bf16 is slower
     while (budget_s and time.perf_counter() - began <= budget_s) or (not budget_s and step < total):
         if time.perf_counter() - saved > every_s:
             save()
             saved = time.perf_counter()
         batch = make_batch(parts, batches[batch_order(len(batches), cfg.seed, step)], vocab_map, cfg.prompt_weight)
-        with autocast(torch.device("cpu"), use_bf16):
+        batch = tuple(t.to(device, non_blocking=True) for t in batch)
+        with autocast(device, use_bf16):
             loss, hit, hit2, weights = batch_loss(head, batch, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
