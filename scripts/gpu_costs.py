@@ -20,6 +20,9 @@ no cost: the work per token is the same as for trained weights.
 It also reports decode tokens/s of the verifier (1000 / c_verify(1)) against the bandwidth limit,
 measured copy bandwidth / weight bytes (every weight is read once per token). The engine's decode
 step runs eagerly here (no CUDA graphs).
+Order: the engine's NF4 curve, the SSM costs and its projection first, then the bf16 and fp16
+comparisons; --json is rewritten after each, so a run cut by gpu_check's timeout keeps what it
+measured (the 2026-11-27 run timed out before the SSM costs and wrote nothing).
 Without CUDA it prints one line (and writes {"skipped": ...} to --json) and exits 0.
 """
 
@@ -124,9 +127,31 @@ def main(argv: list[str] | None = None) -> int:
                   verifier={}, weights_gb={}, draft_ms={}, projection={})
     report["copy_gbs"] = round(copy_peak_gbs(rep=100), 1)
     print(f"copy bandwidth {report['copy_gbs']:.0f} GB/s (read + write)", flush=True)
+
+    def save() -> None:  # after every section: a run cut by its timeout keeps what it measured
+        report["seconds"] = round(time.perf_counter() - began, 1)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+    def projection(label: str) -> None:
+        short = str(prefixes[0])
+        rows = project(report["verifier"][label][short], report["draft_ms"]["llama-68m"])
+        report["projection"][label] = rows
+        best = max(rows, key=lambda r: r["speedup"])
+        print(f"projection, llama-7b {label} + llama-68m, prefix {short}: best {best['speedup']:.2f}x "
+              f"({best['source']}, {best['setting']})", flush=True)
+        for r in rows:
+            print(f"  {r['speedup']:5.2f}x  a={r['tokens_per_step']:.2f} T={r['nodes']} d={r['depth']} "
+                  f"step {r['step_ms']:.1f} ms  [{r['source']}: {r['setting']}]")
+        save()
+
+    # The engine's configuration first (NF4, fp32 compute), its SSM costs and projection; then the
+    # comparisons (NF4 in bf16, fp16): the 2026-11-27 run ran out of time before the SSM costs.
     base = gpu_models.random_llama("llama-7b", torch.float16, seed=0, attn=attn)
-    for label, model in (("nf4", None), ("nf4-bf16", None), ("fp16", base)):
-        if model is None:  # one NF4 copy at a time: fp32 compute as the engine loads it, then bf16
+    for label in ("nf4", "nf4-bf16", "fp16"):
+        if label == "fp16":
+            model = base
+        else:  # one NF4 copy at a time: fp32 compute as the engine loads it, then bf16
             model = gpu_models.to_nf4(base, torch.bfloat16 if label == "nf4-bf16" else quant_config("nf4").bnb_4bit_compute_dtype)
         print(f"verifier llama-7b {label}:", flush=True)
         report["weights_gb"][label] = round(gpu_models.weight_bytes(model) / 1e9, 3)
@@ -136,26 +161,16 @@ def main(argv: list[str] | None = None) -> int:
         report.setdefault("decode", {})[label] = dict(tokens_per_s=round(1000 / c1, 1), bandwidth_limit=round(limit, 1),
                                                       share_of_limit=round(1000 / c1 / limit, 3))
         print(f"  decode {1000 / c1:.1f} tokens/s; bandwidth limit {limit:.1f} ({1000 / c1 / limit:.0%})", flush=True)
-        del model
+        if model is not base:
+            del model
         torch.cuda.empty_cache()
-    del base
-    torch.cuda.empty_cache()
-    for shape in ("llama-68m", "llama-160m"):
-        report["draft_ms"][shape] = draft_cost(shape)
-        print(f"SSM {shape}: {report['draft_ms'][shape]:.2f} ms per drafting forward", flush=True)
-    short = str(prefixes[0])
-    for label in ("nf4", "fp16"):
-        rows = project(report["verifier"][label][short], report["draft_ms"]["llama-68m"])
-        report["projection"][label] = rows
-        best = max(rows, key=lambda r: r["speedup"])
-        print(f"projection, llama-7b {label} + llama-68m, prefix {short}: best {best['speedup']:.2f}x "
-              f"({best['source']}, {best['setting']})", flush=True)
-        for r in rows:
-            print(f"  {r['speedup']:5.2f}x  a={r['tokens_per_step']:.2f} T={r['nodes']} d={r['depth']} "
-                  f"step {r['step_ms']:.1f} ms  [{r['source']}: {r['setting']}]")
-    report["seconds"] = round(time.perf_counter() - began, 1)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        save()
+        if label == "nf4":
+            for shape in ("llama-68m", "llama-160m"):
+                report["draft_ms"][shape] = draft_cost(shape)
+                print(f"SSM {shape}: {report['draft_ms'][shape]:.2f} ms per drafting forward", flush=True)
+            projection("nf4")
+    projection("fp16")
     return 0
 
 
