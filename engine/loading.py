@@ -79,11 +79,16 @@ class LoadedModels:
         return None if self.tokenizer.chat_template else (self.preset.chat_template or PLAIN_CHAT_TEMPLATE)
 
     def stop_token_ids(self) -> list[int]:
-        ids = self.verifier.generation_config.eos_token_id
-        ids = [ids] if isinstance(ids, int) else list(ids or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
+        return stop_token_ids(self.verifier, self.tokenizer)
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a turn: the model's generation config's, then the tokenizer's EOS."""
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
 
 
 def check_quant(quant: str) -> None:

@@ -15,7 +15,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -25,6 +24,7 @@ from spectui import paths  # noqa: E402
 from spectui.engine.embedded import embedded_model_dir  # noqa: E402
 from spectui.engine.feature_head import FeatureHead  # noqa: E402
 from spectui.engine.tune.feature_train import load_parts  # noqa: E402
+from spectui.engine.tune.features import verifier_rows  # noqa: E402
 
 
 def main() -> int:
@@ -32,9 +32,7 @@ def main() -> int:
     ap.add_argument("--eval", type=Path, required=True, help="feature_probe.py's OUT/eval")
     ap.add_argument("--head", type=Path, nargs="+", required=True)
     args = ap.parse_args()
-    with safe_open(str(embedded_model_dir(paths.models_dir()) / "model.safetensors"), "pt") as f:
-        embed = f.get_tensor("model.embed_tokens.weight")  # [V, H]; SmolLM2's output layer is tied to it
-        head_w = f.get_tensor("lm_head.weight") if "lm_head.weight" in f.keys() else embed
+    embed, head_w = verifier_rows(embedded_model_dir(paths.models_dir()))  # [V, H] each
     sets = {d.name: load_parts(d / "features") for d in sorted(args.eval.iterdir()) if (d / "features").is_dir()}
     for folder in args.head:
         head = FeatureHead.load(folder)

@@ -161,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         report.setdefault("decode", {})[label] = dict(tokens_per_s=round(1000 / c1, 1), bandwidth_limit=round(limit, 1),
                                                       share_of_limit=round(1000 / c1 / limit, 3))
         print(f"  decode {1000 / c1:.1f} tokens/s; bandwidth limit {limit:.1f} ({1000 / c1 / limit:.0%})", flush=True)
-        if model is not base:
-            del model
+        del model  # frees an NF4 copy; base itself stays referenced
         torch.cuda.empty_cache()
         save()
         if label == "nf4":

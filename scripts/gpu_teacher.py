@@ -40,7 +40,7 @@ from feature_data import balanced_prompts  # noqa: E402  (the same prompt order 
 from spectui.engine.chat import ContextError  # noqa: E402
 from spectui.engine.embedded import embedded_model_dir, ensure_embedded  # noqa: E402
 from spectui.engine.tune.data import Example, answer_batch, prompt_ids, write_shard  # noqa: E402
-from spectui.engine.tune.features import K  # noqa: E402
+from spectui.engine.tune.features import K, save_features, verifier_rows  # noqa: E402
 from spectui.engine.tune.teacher import top_rows  # noqa: E402
 
 
@@ -73,18 +73,14 @@ def dense_copy(model) -> int:
 def load_verifier(device: str):
     from transformers import AutoTokenizer
 
-    from spectui.engine.loading import load_causal_lm
+    from spectui.engine.loading import load_causal_lm, stop_token_ids
 
     folder = embedded_model_dir(models_root())
     model = load_causal_lm(folder, device, quant="nf4")
     if device == "cuda":
         dense_copy(model)
-    stop = model.generation_config.eos_token_id
-    stop = [stop] if isinstance(stop, int) else list(stop or [])
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop:
-        stop.append(tokenizer.eos_token_id)
-    return model, tokenizer, stop
+    return model, tokenizer, stop_token_ids(model, tokenizer)
 
 
 @torch.inference_mode()
@@ -101,23 +97,6 @@ def features_of(model, seqs: list[list[int]], pad: int, row_chunk: int = 4096) -
         ids, logp = zip(*(top_rows(model.lm_head(h[i : i + row_chunk]), K) for i in range(0, len(s), row_chunk)))
         out.append((h.to(torch.bfloat16).cpu(), torch.cat(ids), torch.cat(logp)))
     return out
-
-
-def write_part(path: Path, examples: list[Example], feats: list[tuple]) -> int:
-    from safetensors.torch import save_file
-
-    starts, answer_starts = [0], []
-    for e in examples:
-        answer_starts.append(starts[-1] + len(e.prompt_ids))
-        starts.append(starts[-1] + len(e.prompt_ids) + len(e.answer_ids))
-    tensors = {"hidden": torch.cat([f[0] for f in feats]), "top_ids": torch.cat([f[1] for f in feats]),
-               "top_logp": torch.cat([f[2] for f in feats]),
-               "ids": torch.tensor([t for e in examples for t in e.prompt_ids + e.answer_ids], dtype=torch.int32),
-               "starts": torch.tensor(starts, dtype=torch.int64), "answer_starts": torch.tensor(answer_starts, dtype=torch.int64)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path.with_suffix(".tmp")))
-    os.replace(path.with_suffix(".tmp"), path)
-    return starts[-1]
 
 
 def batches_by_length(rendered: list[tuple[str, list[int]]], max_answer: int, token_budget: int, max_batch: int):
@@ -160,7 +139,7 @@ def generate(args) -> int:
             examples = [Example(t, ids, a, mode, fin) for (t, ids), (a, fin) in zip(batch, answers)]
             feats = features_of(model, [e.prompt_ids + e.answer_ids for e in examples], stop[0])
             name = f"part-w{args.worker:02d}-{index:05d}"
-            positions += write_part(args.out / "features" / f"{name}.safetensors", examples, feats)
+            positions += save_features(args.out / "features" / f"{name}.safetensors", examples, feats)
             write_shard(args.out / "data" / f"{name}.jsonl", examples)
             answered += sum(len(e.answer_ids) for e in examples)
             index += 1
@@ -170,8 +149,6 @@ def generate(args) -> int:
 
 
 def train(args) -> int:
-    from safetensors import safe_open
-
     from spectui.engine.feature_head import FeatureHead
     from spectui.engine.tune.feature_train import FeatureTrainConfig, load_parts, train_head
 
@@ -182,10 +159,7 @@ def train(args) -> int:
     positions = sum(int(p["starts"][-1]) for p in parts)
     answers = sum(int((p["starts"][1:] - p["answer_starts"]).sum()) for p in parts)
     print(f"{len(parts)} parts, {positions} positions, {answers} answer tokens", flush=True)
-    folder = embedded_model_dir(models_root())
-    with safe_open(str(folder / "model.safetensors"), "pt") as f:
-        embed = f.get_tensor("model.embed_tokens.weight")  # [V, H]; the output layer is tied to it
-        head_w = f.get_tensor("lm_head.weight") if "lm_head.weight" in f.keys() else embed
+    embed, head_w = verifier_rows(embedded_model_dir(models_root()))  # [V, H] each
     head = FeatureHead.load(args.init).to(args.device)
     head.attach(embed.to(args.device), head_w.to(args.device), torch.float32)
     cfg = FeatureTrainConfig(window=256, batch_windows=args.batch_windows, lr=args.lr, warmup=args.warmup)

@@ -48,18 +48,24 @@ def feature_pass(runner, ids: list[int], k: int = K) -> tuple[torch.Tensor, torc
 
 
 def write_features(path: Path, examples, runner, k: int = K) -> int:
-    """One file for a shard of Examples (prompt_ids + answer_ids each): their concatenated rows and
-    the bounds of each sequence. -> positions written."""
-    hidden, top_ids, top_logp, ids, starts, answer_starts = [], [], [], [], [0], []
+    """One file for a shard of Examples (prompt_ids + answer_ids each), from teacher-forced passes of
+    `runner` (a LeanModel). -> positions written."""
+    feats = [feature_pass(runner, list(e.prompt_ids) + list(e.answer_ids), k) for e in examples]
+    return save_features(path, examples, feats)
+
+
+def save_features(path: Path, examples, feats) -> int:
+    """Write a shard's features: per example (hidden [L, H], top_ids [L, k], top_logp [L, k]) over its
+    prompt_ids + answer_ids, as their concatenated rows and the bounds of each sequence. -> positions."""
+    starts, answer_starts, ids = [0], [], []
     for example in examples:
         seq = list(example.prompt_ids) + list(example.answer_ids)
-        h, t, lp = feature_pass(runner, seq, k)
-        hidden.append(h), top_ids.append(t), top_logp.append(lp)
         ids.append(torch.tensor(seq, dtype=torch.int32))
         answer_starts.append(starts[-1] + len(example.prompt_ids))
         starts.append(starts[-1] + len(seq))
     tensors = {
-        "hidden": torch.cat(hidden), "top_ids": torch.cat(top_ids), "top_logp": torch.cat(top_logp),
+        "hidden": torch.cat([f[0] for f in feats]), "top_ids": torch.cat([f[1] for f in feats]),
+        "top_logp": torch.cat([f[2] for f in feats]),
         "ids": torch.cat(ids), "starts": torch.tensor(starts, dtype=torch.int64),
         "answer_starts": torch.tensor(answer_starts, dtype=torch.int64),
     }
@@ -68,6 +74,18 @@ def write_features(path: Path, examples, runner, k: int = K) -> int:
     save_file(tensors, str(tmp))
     os.replace(tmp, path)
     return starts[-1]
+
+
+def verifier_rows(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transformers folder's input embedding [V, H] and output layer [V, H] (the same tensor when
+    tied, as SmolLM2's), read from its safetensors without building the model: what a FeatureHead
+    borrows (FeatureHead.attach) when it is trained or scored apart from the engine."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(folder) / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight")
+        head = f.get_tensor("lm_head.weight") if "lm_head.weight" in f.keys() else embed
+    return embed, head
 
 
 def read_features(path: Path) -> dict[str, torch.Tensor]:

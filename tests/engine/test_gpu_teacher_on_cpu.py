@@ -1,8 +1,8 @@
 """scripts/gpu_teacher.py's parts, run on this CPU with tiny random models, so a lent GPU finds
 working code: the dense copy of the 4-bit layers, batching by length, the right-padded feature
-pass and its part files feeding engine/tune/feature_train.py, and the training loss on a device
-other than the CPU (the meta device stands in for CUDA: a tensor made on the CPU inside the loss
-fails there as it would on a GPU)."""
+pass and its part files (engine/tune/features.save_features) feeding engine/tune/feature_train.py,
+and the training loss on a device other than the CPU (the meta device stands in for CUDA: a tensor
+made on the CPU inside the loss fails there as it would on a GPU)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 
 from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig
 from spectui.engine.tune.data import Example
+from spectui.engine.tune.features import save_features
 from spectui.engine.tune.feature_train import (FeatureTrainConfig, batch_loss, load_parts, make_batch, train_head,
                                                windows)
 
@@ -78,7 +79,7 @@ def test_padded_feature_pass_gives_each_sequence_its_own_features(teacher, tmp_p
 
     examples = [Example("a", seqs[0][:4], seqs[0][4:], "greedy", False), Example("b", seqs[1][:2], seqs[1][2:], "sample", True)]
     path = tmp_path / "features" / "part-w00-00000.safetensors"
-    assert gpu_teacher.write_part(path, examples, feats) == len(seqs[0]) + len(seqs[1])
+    assert save_features(path, examples, feats) == len(seqs[0]) + len(seqs[1])
     parts = load_parts(tmp_path / "features")
     assert parts[0]["starts"].tolist() == [0, 7, 10] and parts[0]["answer_starts"].tolist() == [4, 9]
     assert parts[0]["ids"].tolist() == seqs[0] + seqs[1]
