@@ -48,11 +48,20 @@ def acceptance_path(folder: Path, model: str, quant: str) -> Path:
 
 
 def depth_bucket(depth: int) -> int:
+    if 0 <= depth < len(_BUCKET_OF):
+        return _BUCKET_OF[depth]
+    return _bucket(depth)
+
+
+def _bucket(depth: int) -> int:
     bucket = 0
     for b, start in enumerate(DEPTH_BUCKETS):
         if depth >= start:
             bucket = b
     return bucket
+
+
+_BUCKET_OF = [_bucket(depth) for depth in range(65)]  # depth_bucket for the depths a tree has
 
 
 def prob_bin(q: float) -> int:
@@ -81,6 +90,7 @@ class Cell:
 class AcceptanceModel:
     kinds: dict[str, str] = field(default_factory=dict)  # speculator -> "model" | "ngram"
     cells: dict[tuple[str, int, int], Cell] = field(default_factory=dict)
+    _means: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)  # mean_for's, until the next observe
 
     def prior(self, speculator: str, conf_bin: int) -> float:
         if self.kinds.get(speculator) == "ngram":
@@ -99,6 +109,7 @@ class AcceptanceModel:
         return max((self.cell(s, depth, b).mean for s, b in evidence.items()), default=0.0)
 
     def observe(self, evidence: dict[str, int], depth: int, accepted: bool) -> None:
+        self._means.clear()
         for speculator, conf_bin in evidence.items():
             cell = self.cell(speculator, depth, conf_bin)
             cell.predicted_sum += cell.mean
@@ -109,12 +120,16 @@ class AcceptanceModel:
 
     def mean_for(self, speculator: str, depth: int) -> float:
         """Observed acceptance of a speculator's nodes at this depth (all bins), its prior if unseen."""
+        key = (speculator, depth_bucket(depth))
+        if key in self._means:
+            return self._means[key]
         hits = trials = 0.0
         for (s, b, _), cell in self.cells.items():
-            if s == speculator and b == depth_bucket(depth):
+            if s == speculator and b == key[1]:
                 hits, trials = hits + cell.hits, trials + cell.trials
         fallback = self.prior(speculator, PROB_BINS - 1 if self.kinds.get(speculator) != "ngram" else 0)
-        return (hits + PRIOR_WEIGHT * fallback) / (trials + PRIOR_WEIGHT)
+        self._means[key] = mean = (hits + PRIOR_WEIGHT * fallback) / (trials + PRIOR_WEIGHT)
+        return mean
 
     def calibration(self) -> list[dict]:
         """Per cell observed in this process: speculator, depth bucket, confidence bin, trials, the mean

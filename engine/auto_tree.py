@@ -193,6 +193,7 @@ class AutoDrafting:
                 drafter.draft_matches(committed, tree, source)
         accept = self.predictor(tree, names)
         rate = self.target_rate()
+        verify = self.costs.verify_table_now(MAX_NODES + 1).__getitem__  # T -> ms, this step's curve
         ran = []
         for source, drafter in enumerate(drafters):
             why = self.worth_running(drafter.name) if drafter.kind == "model" else None
@@ -206,10 +207,10 @@ class AutoDrafting:
                 if not candidates:
                     break
                 values = node_values(tree, accept)
-                plan = select_nodes(tree, values, self.costs.verify, rate)
+                plan = select_nodes(tree, values, verify, rate)
                 frontier = sorted(set(candidates), key=lambda i: (-values[i], i))[:FEED]
                 hope = values[frontier[0]] * self.acceptance.mean_for(drafter.name, depth)
-                extra_ms = self.costs.draft(drafter.name) + self.costs.verify(plan.size + 1) - self.costs.verify(plan.size)
+                extra_ms = self.costs.draft(drafter.name) + verify(plan.size + 1) - verify(plan.size)
                 if hope <= rate * extra_ms:
                     break
                 began = time.perf_counter()
@@ -222,7 +223,7 @@ class AutoDrafting:
             ran.append(drafter.name)
         tree = apply_policy(tree, merge)
         values = node_values(tree, self.predictor(tree, names))
-        plan = select_nodes(tree, values, self.costs.verify, rate, (time.perf_counter() - start) * 1000)
+        plan = select_nodes(tree, values, verify, rate, (time.perf_counter() - start) * 1000)
         return tree.select(plan.keep), ran, plan
 
     def observe(self, tree: TokenTree, accepted: list[int], names: list[str], ran: list[str]) -> None:

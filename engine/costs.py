@@ -49,7 +49,7 @@ WINDOW = 16  # observations per median
 PRIOR = 3  # a window starts with this many copies of the load-time value: one or two wild steps move nothing
 EMA = 0.1  # weight of one new observation in the drafting costs' moving averages
 DRAFT_CLIP = 3.0  # an observed forward counts as at most this many times the estimate
-CACHE_VERSION = 12  # 12: drafters' output layers in int8 (dense_cpu.Int8Kernel); 11: the screen's candidates with AVX-512, rows in threads; 10: the int8 screen blocked, for every row count; 9: the int8 screen (screen_int8.c); 8: the verifier's glue in C (glue_cpu.c); 7: the screen reads x_hi alone, one column a row; 6: the output screen through dense_cpu.c where AVX512-BF16 lacks AMX; 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
+CACHE_VERSION = 13  # 13: the feature head's layer in one C call (kernels/head_layer.c); 12: drafters' output layers in int8 (dense_cpu.Int8Kernel); 11: the screen's candidates with AVX-512, rows in threads; 10: the int8 screen blocked, for every row count; 9: the int8 screen (screen_int8.c); 8: the verifier's glue in C (glue_cpu.c); 7: the screen reads x_hi alone, one column a row; 6: the output screen through dense_cpu.c where AVX512-BF16 lacks AMX; 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
 
 
 def interpolate(points: list[tuple[int, float]], size: int) -> float:
@@ -94,6 +94,7 @@ class CostModel:
     one_token: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # ms of recent one-token steps
     ratios: dict[int, deque] = field(default_factory=dict)  # T -> recent c_verify(T) / c1
     _curve: tuple | None = field(default=None, repr=False)  # (c1, ratio points): medians, until the next observation
+    _table: tuple = field(default=(None, []), repr=False)  # (the curve, verify(T) at index T from it)
 
     def __post_init__(self) -> None:
         base = self.verify_table[min(self.verify_table)]
@@ -130,6 +131,15 @@ class CostModel:
     def verify(self, size: int) -> float:
         """Predicted c_verify(size) in ms now."""
         return self.c1() * self.ratio(size)
+
+    def verify_table_now(self, largest: int) -> list[float]:
+        """[verify(T) for T in 0 .. largest] (index 0 unused), kept until the next observation: the
+        tree choice asks for each size many times a step."""
+        curve, table = self._table
+        if curve is not self.curve() or len(table) <= largest:
+            table = [0.0] + [self.verify(size) for size in range(1, largest + 1)]
+            self._table = (self.curve(), table)
+        return table
 
     def draft(self, speculator: str) -> float:
         """Predicted ms of one forward of `speculator` (0 for an unmeasured one that costs nothing, e.g. n-gram)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.head_layer import MAX_ROWS as MAX_KERNEL_ROWS
 from .acceptance_model import prob_bin
 from .drafters import hang_top
 from .feature_head import FeatureHead
@@ -86,6 +87,11 @@ class FeatureDrafter:
         """Feed rows into slots used .. used + T - 1 -> f^ [T, H]. mask [1, 1, T, used + T] or None (causal)."""
         T = len(tokens)
         self._reserve(self.used + T)
+        layer = self.head.layer_kernel
+        if layer is not None and T <= MAX_KERNEL_ROWS:  # a level or a steady catch-up: one C call
+            out = layer(tokens, prev, positions, self.kv[:, 0], self.used, None if mask is None else mask[0, 0])
+            self.used += T
+            return out  # [T, H]
         past = (self.kv[0, :, :, : self.used], self.kv[1, :, :, : self.used])
         out, (k, v) = self.head(torch.tensor([tokens]), prev[None], torch.tensor([positions]), past, mask)
         self.kv[0, :, :, self.used : self.used + T] = k[:, :, -T:]

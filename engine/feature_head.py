@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.dense_cpu import drafter_kernel
+from ..kernels.head_layer import head_layer
 from .lean_model import rms_norm, rotate  # the verifier's own RMSNorm and rotary arithmetic
 
 CONFIG_FILE = "feature_head.json"
@@ -86,6 +87,7 @@ class FeatureHead(nn.Module):
         self.draft_rows: torch.Tensor | None = None  # [Vd, H]
         object.__setattr__(self, "verifier", None)
         self.kernels: dict = {}  # layer name -> kernels/dense_cpu.py's kernel (inference on AVX2 CPUs; use_kernels)
+        self.layer_kernel = None  # kernels/head_layer.py's whole layer for a few rows (AVX512-BF16; use_kernels)
 
     def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, dtype=None, verifier=None) -> None:
         """Borrow the verifier's embedding [V, H] and its output layer's rows for vocab_ids ([Vd, H]);
@@ -98,13 +100,18 @@ class FeatureHead(nn.Module):
     def use_kernels(self) -> bool:
         """Run inference through kernels/dense_cpu.py where it serves this CPU: fp32 weights on AVX2
         without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot): about 2x faster drafting
-        there; the draft rows from an int8 copy with AVX512-VNNI (Int8Kernel). Training never calls
-        this. True if it does."""
+        there; the draft rows from an int8 copy with AVX512-VNNI (Int8Kernel); with AVX512-BF16 the
+        whole layer for a drafting level's few rows in one C call (layer_kernel). Training never
+        calls this. True if it does."""
         kernels = {name: drafter_kernel(getattr(self, name).weight, getattr(self, name).bias) for name in LINEARS}
         kernels["draft"] = drafter_kernel(self.draft_rows)
         if any(k is None for k in kernels.values()):
             return False
         self.kernels = kernels
+        c = self.config
+        weights = {"fc_w": self.fc.weight, "fc_b": self.fc.bias, "norm_in": self.norm_in, "qkv_w": self.qkv.weight,
+                   "o_w": self.o.weight, "norm_post": self.norm_post, "gu_w": self.gate_up.weight, "down_w": self.down.weight}
+        self.layer_kernel = head_layer(weights, self.embed, c.heads, c.kv_heads, c.head_dim, c.rope_theta, c.rms_eps)
         return True
 
     def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,84 @@
+"""kernels/head_layer.c from Python: the feature head's decoder layer for a drafting level, in one call.
+
+engine/feature_head.py's torch forward spends most of a drafting level's time dispatching some 25
+small ops (1.2 ms for two rows, of which the products are 0.3). `head_layer()` gives a HeadLayer
+where the CPU has AVX512-BF16 and both libraries build (its products are dense_cpu.c's bf16 dot),
+else None and the head keeps torch's ops. It computes in fp32 between bf16 products, the torch path
+in bf16: drafts, not the verifier's tokens, so the two need only agree closely
+(tests/kernels/test_head_layer.py bounds the difference and checks the cache writes).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+from pathlib import Path
+
+import torch
+
+from . import dense_cpu, native
+
+I64, PTR = ct.c_int64, ct.c_void_p
+# spectui_head_layer(T, H, Hq, Hkv, D, I, tokens, embed, prev, positions, inv_freq, fc_w, fc_b, norm_in,
+#                    qkv_w, o_w, norm_post, gu_w, down_w, eps, kcache, vcache, cap, used, mask, out, dot, threads)
+ARGTYPES = [I64] * 6 + [PTR] * 13 + [ct.c_float, PTR, PTR, I64, I64, PTR, PTR, PTR, ct.c_int]
+MAX_ROWS = 8  # more rows (a prompt's catch-up) go to torch, whose products batch them better
+MAX_HEAD_DIM = 256
+
+
+def bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.bfloat16).contiguous()
+
+
+def f32(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float32).contiguous()
+
+
+class HeadLayer:
+    """(tokens, prev features, positions, the drafter's cache, used slots, mask) -> the layer's output
+    rows, bf16 [T, H]; the rows' keys and values are written into the cache at slots used .. used + T - 1."""
+
+    def __init__(self, fn, dot_address: int, weights: dict, embed: torch.Tensor, heads: int, kv_heads: int,
+                 head_dim: int, rope_theta: float, eps: float) -> None:
+        self.fn, self.dot = fn, dot_address
+        self.w = {name: (bf16(w) if name.endswith("_w") else f32(w)) for name, w in weights.items()}
+        self.embed = bf16(embed)  # [V, H]
+        self.H = self.embed.shape[1]
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.I = self.w["down_w"].shape[1]
+        self.inv_freq = 1.0 / rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [D/2]
+        self.eps = eps
+
+    def __call__(self, tokens: list[int], prev: torch.Tensor, positions: list[int], kv: torch.Tensor, used: int,
+                 mask: torch.Tensor | None) -> torch.Tensor:
+        """prev [T, H] bf16; kv [2, Hkv, cap, D] bf16 contiguous; mask [T, used + T] (nonzero: may see) or
+        None (causal) -> [T, H] bf16."""
+        T = len(tokens)
+        tok = torch.tensor(tokens, dtype=torch.int64)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        prev = prev.to(torch.bfloat16).contiguous()
+        m = None if mask is None else mask.to(torch.uint8).contiguous()
+        out = torch.empty(T, self.H, dtype=torch.bfloat16)
+        w = self.w
+        status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, tok.data_ptr(),
+                         self.embed.data_ptr(), prev.data_ptr(), pos.data_ptr(), self.inv_freq.data_ptr(),
+                         w["fc_w"].data_ptr(), w["fc_b"].data_ptr(), w["norm_in"].data_ptr(), w["qkv_w"].data_ptr(),
+                         w["o_w"].data_ptr(), w["norm_post"].data_ptr(), w["gu_w"].data_ptr(), w["down_w"].data_ptr(),
+                         self.eps, kv[0].data_ptr(), kv[1].data_ptr(), kv.shape[2], used,
+                         None if m is None else m.data_ptr(), out.data_ptr(), self.dot, torch.get_num_threads())
+        if status:
+            raise MemoryError("head_layer.c could not allocate its scratch")
+        return out
+
+
+def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, head_dim: int, rope_theta: float,
+               eps: float, folder: Path | None = None) -> HeadLayer | None:
+    """A HeadLayer for these weights (fc_w, fc_b, norm_in, qkv_w, o_w, norm_post, gu_w, down_w) where the
+    CPU has AVX512-BF16 and the libraries build, else None."""
+    if (not torch.cpu._is_avx512_bf16_supported() or head_dim % 16 or head_dim > MAX_HEAD_DIM
+            or heads % kv_heads or embed.device.type != "cpu"):
+        return None
+    dot, _ = native.function("dense_cpu", "spectui_dot_bf16", dense_cpu.ARGTYPES, folder)
+    fn, _ = native.function("head_layer", "spectui_head_layer", ARGTYPES, folder)
+    if dot is None or fn is None:
+        return None
+    return HeadLayer(fn, ct.cast(dot, ct.c_void_p).value, weights, embed, heads, kv_heads, head_dim, rope_theta, eps)

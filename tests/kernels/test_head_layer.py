@@ -1,0 +1,105 @@
+"""The feature head's layer in one C call (kernels/head_layer.c) against the head's torch forward.
+
+A random FeatureHead: the C layer's output rows and the keys/values it writes into the cache must
+match the fp32 torch forward to within bf16 rounding (the C path rounds each product's input to
+bf16), for a causal catch-up after cached slots and for a tree level whose rows see only some
+slots; and a FeatureDrafter drafts through it (AVX512-BF16 CPUs: where `use_kernels` builds it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectui.engine.feature_drafter import FeatureDrafter
+from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig
+from spectui.engine.tree import TokenTree
+from spectui.kernels import head_layer, native
+
+V, H = 500, 64
+CONFIG = FeatureHeadConfig(hidden=H, heads=4, kv_heads=2, head_dim=16, intermediate=96, rope_theta=10_000.0,
+                           draft_vocab=200)
+
+pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() is None
+                                or not torch.cpu._is_avx512_bf16_supported(),
+                                reason="the layer needs AVX512-BF16 (its products are dense_cpu.c's bf16 dot) and a C compiler")
+
+
+def make_head(seed: int = 0) -> FeatureHead:
+    torch.manual_seed(seed)
+    head = FeatureHead(CONFIG)
+    with torch.no_grad():
+        head.norm_in.uniform_(0.5, 1.5)
+        head.norm_post.uniform_(0.5, 1.5)
+    head.vocab_ids.copy_(torch.randperm(V)[: CONFIG.draft_vocab].sort().values)
+    head.attach(torch.randn(V, H), torch.randn(V, H) * 3)
+    return head.eval()
+
+
+def close(got: torch.Tensor, want: torch.Tensor, rel: float = 0.02) -> bool:
+    got, want = got.float(), want.float()
+    return bool((got - want).norm() <= rel * want.norm())
+
+
+@pytest.mark.parametrize("T,used", [(1, 0), (1, 7), (3, 12), (8, 30)])
+@pytest.mark.parametrize("tree_mask", [False, True])
+def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask):
+    head = make_head()
+    layer = head_layer.head_layer(
+        {"fc_w": head.fc.weight, "fc_b": head.fc.bias, "norm_in": head.norm_in, "qkv_w": head.qkv.weight,
+         "o_w": head.o.weight, "norm_post": head.norm_post, "gu_w": head.gate_up.weight, "down_w": head.down.weight},
+        head.embed, CONFIG.heads, CONFIG.kv_heads, CONFIG.head_dim, CONFIG.rope_theta, CONFIG.rms_eps)
+    assert layer is not None
+    g = torch.Generator().manual_seed(T * 100 + used)
+    tokens = torch.randint(0, V, (used + T,), generator=g).tolist()
+    prev = torch.randn(used + T, H, generator=g)
+    positions = list(range(1, used + T + 1))
+    mask = None
+    if tree_mask:  # row t sees the first used - 2 slots, itself, and each other new row with chance 1/2
+        mask = torch.zeros(T, used + T, dtype=torch.bool)
+        mask[:, : max(used - 2, 0)] = True
+        mask[:, used:] = torch.rand(T, T, generator=g) < 0.5
+        mask[torch.arange(T), used + torch.arange(T)] = True
+    with torch.no_grad():
+        past = None
+        if used:
+            _, past = head(torch.tensor([tokens[:used]]), prev[None, :used], torch.tensor([positions[:used]]))
+        want, (k, v) = head(torch.tensor([tokens[used:]]), prev[None, used:], torch.tensor([positions[used:]]), past,
+                            None if mask is None else mask[None, None])
+    cap = used + T + 5
+    kv = torch.zeros(2, CONFIG.kv_heads, cap, CONFIG.head_dim, dtype=torch.bfloat16)
+    if used:
+        kv[0, :, :used], kv[1, :, :used] = past[0][0], past[1][0]
+    got = layer(tokens[used:], prev[used:].to(torch.bfloat16), positions[used:], kv, used, mask)
+    assert got.shape == (T, H) and got.dtype == torch.bfloat16
+    assert close(got, want[0])
+    assert close(kv[0, :, used : used + T], k[0, :, used:]) and close(kv[1, :, used : used + T], v[0, :, used:], 0.01)
+    assert not kv[:, :, used + T :].any()  # nothing written past the rows' slots
+
+
+def test_a_drafter_drafts_through_the_layer_as_the_torch_path_does():
+    head = make_head(1)
+    reference = FeatureDrafter("torch", make_head(1))  # the fp32 torch path
+    fast_head = make_head(1).to(torch.bfloat16)
+    fast_head.attach(head.embed, torch.zeros(V, H).index_copy(0, head.vocab_ids, head.draft_rows), torch.bfloat16)
+    assert fast_head.use_kernels() and fast_head.layer_kernel is not None
+    fast = FeatureDrafter("c", fast_head)
+    torch.manual_seed(5)
+    committed = torch.randint(0, V, (20,)).tolist()
+    feats = torch.randn(19, H)
+    calls = []
+    fn = fast_head.layer_kernel.fn
+    fast_head.layer_kernel.fn = lambda *args: calls.append(args[0]) or fn(*args)  # rows of each C call
+    reference.take_features(0, feats)
+    fast.take_features(0, feats)
+    tree = TokenTree.with_root(committed[-1])
+    children = reference.begin(committed, tree, 0, 2)
+    fast.begin(committed, TokenTree.with_root(committed[-1]), 0, 2)  # a 19-row catch-up: torch's path in both
+    reference.expand(tree, 0, children, 2)
+    fast.expand(tree, 0, children, 2)  # the same level of 2 rows: the C layer in `fast`
+    assert calls == [2]
+    for node in [0, *children]:
+        assert close(fast.own_feature[node], reference.own_feature[node], 0.03)
+    reference.finish()
+    fast.finish()
+    assert fast.used == fast.fed == reference.used == 19
