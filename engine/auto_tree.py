@@ -82,6 +82,19 @@ class Plan:
         return self.expected_tokens / self.cost_ms if self.cost_ms > 0 else 0.0
 
 
+def step_costs(costs: CostModel) -> Callable[[int], float]:
+    """costs.verify for one step's choices, each size computed once (the tree choice asks for each
+    size many times a step, and the curve changes after every step)."""
+    known: dict[int, float] = {}
+
+    def verify(size: int) -> float:
+        ms = known.get(size)
+        if ms is None:
+            ms = known[size] = costs.verify(size)
+        return ms
+    return verify
+
+
 def node_values(tree: TokenTree, accept: Callable[[int], float]) -> list[float]:
     """v[i]: probability that node i is accepted = a(i) * v(parent); v[root] = 1."""
     values = [1.0] * len(tree)
@@ -193,7 +206,7 @@ class AutoDrafting:
                 drafter.draft_matches(committed, tree, source)
         accept = self.predictor(tree, names)
         rate = self.target_rate()
-        verify = self.costs.verify_table_now(MAX_NODES + 1).__getitem__  # T -> ms, this step's curve
+        verify = step_costs(self.costs)
         ran = []
         for source, drafter in enumerate(drafters):
             why = self.worth_running(drafter.name) if drafter.kind == "model" else None

@@ -94,7 +94,6 @@ class CostModel:
     one_token: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # ms of recent one-token steps
     ratios: dict[int, deque] = field(default_factory=dict)  # T -> recent c_verify(T) / c1
     _curve: tuple | None = field(default=None, repr=False)  # (c1, ratio points): medians, until the next observation
-    _table: tuple = field(default=(None, []), repr=False)  # (the curve, verify(T) at index T from it)
 
     def __post_init__(self) -> None:
         base = self.verify_table[min(self.verify_table)]
@@ -131,15 +130,6 @@ class CostModel:
     def verify(self, size: int) -> float:
         """Predicted c_verify(size) in ms now."""
         return self.c1() * self.ratio(size)
-
-    def verify_table_now(self, largest: int) -> list[float]:
-        """[verify(T) for T in 0 .. largest] (index 0 unused), kept until the next observation: the
-        tree choice asks for each size many times a step."""
-        curve, table = self._table
-        if curve is not self.curve() or len(table) <= largest:
-            table = [0.0] + [self.verify(size) for size in range(1, largest + 1)]
-            self._table = (self.curve(), table)
-        return table
 
     def draft(self, speculator: str) -> float:
         """Predicted ms of one forward of `speculator` (0 for an unmeasured one that costs nothing, e.g. n-gram)."""

@@ -185,3 +185,16 @@ def test_drafting_cost_is_a_steps_forwards_not_a_long_catch_up():
     assert drafter.fed_last <= STEADY_CATCH_UP and 1.5 < costs.draft("ssm") < 10.0
     # the run is judged by all of it: the 4 ms catch-up and every level, not its last forward
     assert auto.run_ms["ssm"] >= 0.95 * (4.0 + 2.0 * drafter.levels)
+
+
+def test_a_steps_costs_are_the_models_each_asked_once():
+    from spectui.engine.auto_tree import step_costs
+    from spectui.engine.costs import CostModel
+
+    costs = CostModel({1: 47.0, 2: 54.0, 4: 67.0, 8: 77.0}, prefix_len=160)
+    asked = []
+    real = costs.verify
+    costs.verify = lambda size: asked.append(size) or real(size)
+    verify = step_costs(costs)
+    assert [verify(size) for size in (1, 3, 3, 16, 1)] == [real(1), real(3), real(3), real(16), real(1)]
+    assert asked == [1, 3, 16]

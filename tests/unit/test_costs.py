@@ -30,18 +30,6 @@ def test_verify_cost_interpolates_extrapolates_and_follows_real_steps():
     assert costs.verify(8) >= costs.verify(6) and costs.verify(1) == pytest.approx(94)  # non-decreasing; c1 kept
 
 
-def test_the_verify_table_follows_the_curve_it_was_made_from():
-    costs = model()
-    table = costs.verify_table_now(20)
-    assert len(table) == 21 and table[1:] == [costs.verify(size) for size in range(1, 21)]
-    assert costs.verify_table_now(10) is table  # kept while nothing was observed
-    for _ in range(WINDOW):
-        costs.observe_verify(1, 2 * 47.0)
-    costs.verify(3)  # the curve is recomputed by another query first: the table must still notice
-    assert costs.verify_table_now(20)[1:] == [costs.verify(size) for size in range(1, 21)]
-    assert costs.verify_table_now(20)[8] == pytest.approx(154)
-
-
 def test_wild_steps_at_a_new_tree_size_do_not_stick():
     """A stalled step at a size the load did not time must not set that size's cost (nor, through
     the non-decreasing curve, every larger size's): trees that size would never be chosen again."""
