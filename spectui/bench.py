@@ -26,8 +26,9 @@ Protocol, so that noise hits every method alike:
     - one warm-up call of each method first (allocation, lazy initialisation, cost measurement);
     - per prompt the methods run back to back, the order rotated: prompt k starts at method
       k mod n (`rotation`), so no method always runs first or right after another;
-    - a prompt where `speculative` comes out under 0.95x incremental is measured again, the pair
-      back to back and rotated, 3 times in all, and the median ratio counts (`reruns_needed`).
+    - a prompt where `speculative` comes out under 0.95x incremental, or above its own tokens per
+      verifier step (which no real run can reach: see `reruns_needed`), is measured again, the
+      pair back to back and rotated, 3 times in all, and the median ratio counts.
 """
 
 from __future__ import annotations
@@ -74,13 +75,21 @@ def rotation(methods: tuple[str, ...], k: int) -> tuple[str, ...]:
     return (*methods[start:], *methods[:start])
 
 
-def reruns_needed(first_ratio: float | None) -> int:
+def reruns_needed(first_ratio: float | None, tokens_per_step: float | None = None) -> int:
     """Extra rounds for a prompt whose first `speculative` / incremental ratio is `first_ratio`.
 
-    Under RERUN_BELOW the prompt is measured RERUN_TOTAL times in all, whatever the later rounds
-    give (stopping at the first good one would bias the median upwards).
+    Under RERUN_BELOW, or above `tokens_per_step` (the speculative run's tokens per verifier step,
+    prefill included), the prompt is measured RERUN_TOTAL times in all, whatever the later rounds
+    give (stopping at the first good one would bias the median). The upper bound is physical: with
+    N tokens in S verifier passes, incremental takes the prefill P plus N - 1 one-token steps of c1,
+    speculative at least P plus S - 1 steps of c1 (a step verifies one token or more, and drafts),
+    so the ratio is at most (P + (N - 1) c1) / (P + (S - 1) c1) <= N / S, as P >= c1. A ratio above it
+    says the incremental run stalled: a flattering figure to measure again, as a low one is.
     """
-    return RERUN_TOTAL - 1 if first_ratio is not None and first_ratio < RERUN_BELOW else 0
+    if first_ratio is None:
+        return 0
+    high = tokens_per_step is not None and first_ratio > tokens_per_step
+    return RERUN_TOTAL - 1 if first_ratio < RERUN_BELOW or high else 0
 
 
 def set_threads(threads: int | None) -> int:
@@ -190,7 +199,9 @@ def measure_prompt(bench: Bench, methods: tuple[str, ...], k: int, prompt: str) 
     result = PromptResult(k, getattr(prompt, "category", None), len(ids), {m: [] for m in methods})
     for method in rotation(methods, k):
         result.runs[method].append(bench.run(method, ids))
-    for extra in range(1, reruns_needed(result.speedup(DEFAULT_SPEC, INCREMENTAL)) + 1):
+    first = result.runs[DEFAULT_SPEC][0]
+    tokens_per_step = len(first.tokens) / first.steps if first.steps else None
+    for extra in range(1, reruns_needed(result.speedup(DEFAULT_SPEC, INCREMENTAL), tokens_per_step) + 1):
         for method in rotation((INCREMENTAL, DEFAULT_SPEC), k + extra):
             result.runs[method].append(bench.run(method, ids))
     return result

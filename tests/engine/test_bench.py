@@ -71,6 +71,9 @@ def test_rerun_rule_and_median_of_ratios():
     assert reruns_needed(0.5) == RERUN_TOTAL - 1 == 2
     assert reruns_needed(RERUN_BELOW - 1e-6) == 2
     assert reruns_needed(RERUN_BELOW) == 0 and reruns_needed(1.3) == 0 and reruns_needed(None) == 0
+    # above its own tokens per step no run can be: the incremental one stalled, measure again
+    assert reruns_needed(2.4, tokens_per_step=1.1) == 2 and reruns_needed(1.3, tokens_per_step=1.5) == 0
+    assert reruns_needed(None, tokens_per_step=1.1) == 0
     # three back-to-back pairs with ratios 0.8, 1.1, 1.0: the median, 1.0, counts
     result = PromptResult(0, None, 10, {
         "incremental": [run(10.0), run(10.0), run(20.0)],
