@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from ..kernels.guarded_head import install_guarded_head
-from ..kernels import dense_cpu, native, packed_4bit
+from ..kernels import dense_cpu, head_layer, native, packed_4bit
 from ..kernels.nf4_cpu import install as install_4bit_kernel
 from ..kernels.hf_attention import EXACT_NAME as EXACT_ATTENTION
 from .cache_health import (  # noqa: F401 (part of this module's API)
@@ -248,6 +248,7 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         install_guarded_head(model)  # argmax-exact logits for tree passes (kernels/guarded_head.py)
         native.get("exact_attention", kernel_dir)  # built here, in the cache, rather than at the first call
         dense_cpu.prepare(kernel_dir)  # the output screen's product (and the drafters'), likewise
+        head_layer.prepare(kernel_dir)  # a feature head's layer for a drafting level (AVX512-BF16)
         native.get("screen_int8", kernel_dir)  # the screen's int8 product (AVX512-VNNI)
         if quant in ("nf4", "fp4"):
             packed_4bit.prepare(kernel_dir)  # bitsandbytes' fused product, 8 rows a decoded weight (AVX512-BF16)

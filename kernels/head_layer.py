@@ -70,6 +70,12 @@ class HeadLayer:
         return out
 
 
+def prepare(folder: Path | None) -> None:
+    """Build the library into `folder` (the model cache's kernels/) where it serves, rather than at first use."""
+    if torch.cpu._is_avx512_bf16_supported():
+        native.get("head_layer", folder)
+
+
 def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, head_dim: int, rope_theta: float,
                eps: float, folder: Path | None = None) -> HeadLayer | None:
     """A HeadLayer for these weights (fc_w, fc_b, norm_in, qkv_w, o_w, norm_post, gu_w, down_w) where the
