@@ -108,11 +108,15 @@ class FeatureHead(nn.Module):
         if any(k is None for k in kernels.values()):
             return False
         self.kernels = kernels
+        self.layer_kernel = self.make_layer_kernel()
+        return True
+
+    def make_layer_kernel(self):
+        """kernels/head_layer.py's HeadLayer over this head's weights, or None where it does not serve."""
         c = self.config
         weights = {"fc_w": self.fc.weight, "fc_b": self.fc.bias, "norm_in": self.norm_in, "qkv_w": self.qkv.weight,
                    "o_w": self.o.weight, "norm_post": self.norm_post, "gu_w": self.gate_up.weight, "down_w": self.down.weight}
-        self.layer_kernel = head_layer(weights, self.embed, c.heads, c.kv_heads, c.head_dim, c.rope_theta, c.rms_eps)
-        return True
+        return head_layer(weights, self.embed, c.heads, c.kv_heads, c.head_dim, c.rope_theta, c.rms_eps)
 
     def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels.get(name)

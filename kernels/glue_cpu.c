@@ -28,12 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint16_t rounded = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    return f != f ? (uint16_t)0x7FC0 : rounded; /* a select: the loops below vectorize */
-}
+#include "bf16.h"
 
 /* torch's float sum over a contiguous row of x*x on CPU (aten cascade_sum as it runs here: 8-lane
  * vectors, 4 interleaved accumulators over rows of 4 vectors, carried up a level every 16 rows,

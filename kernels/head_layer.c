@@ -25,27 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MAX_D 256 /* head_dim: a multiple of 16 up to this */
 
 typedef int (*dot_fn)(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
                       const float *bias, float *y, int64_t ldy, int threads);
-
-static inline uint16_t narrow(float f) { /* round to nearest even; NaN stays NaN */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static inline __m256 widen8(const uint16_t *p) { /* 8 bf16 -> fp32 (exact) */
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
 
 /* out[t] = bf16(w * x[t] / sqrt(mean(x[t]^2) + eps)), x [T, n] fp32 */
 static void rms_bf16(int64_t T, int64_t n, const float *x, const float *w, float eps, uint16_t *out) {
@@ -54,7 +39,7 @@ static void rms_bf16(int64_t T, int64_t n, const float *x, const float *w, float
         double ss = 0.0;
         for (int64_t i = 0; i < n; i++) ss += (double)r[i] * r[i];
         const float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
-        for (int64_t i = 0; i < n; i++) out[t * n + i] = narrow(w[i] * (r[i] * scale));
+        for (int64_t i = 0; i < n; i++) out[t * n + i] = to_bf16(w[i] * (r[i] * scale));
     }
 }
 
@@ -109,7 +94,7 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
         for (int64_t g = 0; g < Hkv; g++) {
             const float *k = qkv + t * QKV + (Hq + g) * D, *v = k + Hkv * D;
             uint16_t *kc = kcache + (g * cap + used + t) * D, *vc = vcache + (g * cap + used + t) * D;
-            for (int64_t d = 0; d < D; d++) kc[d] = narrow(k[d]), vc[d] = narrow(v[d]);
+            for (int64_t d = 0; d < D; d++) kc[d] = to_bf16(k[d]), vc[d] = to_bf16(v[d]);
         }
     }
     /* attention: softmax(q . k_j / sqrt(D)) over the visible slots j, weighted sum of v_j */
@@ -132,7 +117,7 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), widen8(k + d), a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), widen8(k + d + 8), a1);
             }
-            s[j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+            s[j] = hsum(_mm256_add_ps(a0, a1)) * scale;
             if (s[j] > m) m = s[j];
         }
         __m256 acc[MAX_D / 8];
@@ -148,7 +133,7 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
         }
         float o[MAX_D];
         for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, acc[d / 8]);
-        for (int64_t d = 0; d < D; d++) att_b[t * Hq * D + h * D + d] = narrow(denom > 0 ? o[d] / denom : 0.0f);
+        for (int64_t d = 0; d < D; d++) att_b[t * Hq * D + h * D + d] = to_bf16(denom > 0 ? o[d] / denom : 0.0f);
     }
     dot(T, H, Hq * D, att_b, Hq * D, o_w, NULL, y, H, nthreads);           /* h = u + W_o a (in u) */
     for (int64_t i = 0; i < T * H; i++) u[i] += y[i];
@@ -157,10 +142,10 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < I; i++) {
             const float gate = y[t * 2 * I + i], up = y[t * 2 * I + I + i];
-            x_b[t * I + i] = narrow(gate / (1.0f + expf(-gate)) * up);
+            x_b[t * I + i] = to_bf16(gate / (1.0f + expf(-gate)) * up);
         }
     dot(T, H, I, x_b, I, down_w, NULL, y, H, nthreads);                    /* out = h + W_down (...) */
-    for (int64_t i = 0; i < T * H; i++) out[i] = narrow(u[i] + y[i]);
+    for (int64_t i = 0; i < T * H; i++) out[i] = to_bf16(u[i] + y[i]);
 done:
     free(in_b), free(u), free(x_b), free(qkv), free(att_b), free(y), free(scores), free(rot);
     return status;

@@ -23,6 +23,9 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
 
 #define ROWS 4 /* output rows per task: independent accumulator chains hide FMA latency */
 #define M_BLOCK 48 /* input rows per pass over the weights (prefill): 48 x 1536 fp32 = 288 KiB, within L2 */
@@ -36,13 +39,6 @@ static inline __m256 decode8(const uint8_t *bytes, __m256 lut_lo, __m256 lut_hi,
     __m256 hi = _mm256_permutevar8x32_ps(lut_hi, idx);                     /* code[8 + (idx & 7)] */
     __m256 w = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28))); /* bit 3 */
     return _mm256_mul_ps(w, scale);
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* j + (j + 4) */
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                        /* j + (j + 2) */
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));                                    /* 0 + 1 */
-    return _mm_cvtss_f32(s);
 }
 
 /* Dequantise rows n0 .. n0 + ROWS - 1 into scratch [ROWS, K]. */

@@ -199,8 +199,7 @@ def measure_prompt(bench: Bench, methods: tuple[str, ...], k: int, prompt: str) 
     result = PromptResult(k, getattr(prompt, "category", None), len(ids), {m: [] for m in methods})
     for method in rotation(methods, k):
         result.runs[method].append(bench.run(method, ids))
-    first = result.runs[DEFAULT_SPEC][0]
-    tokens_per_step = len(first.tokens) / first.steps if first.steps else None
+    tokens_per_step = result.runs[DEFAULT_SPEC][0].tokens_per_step
     for extra in range(1, reruns_needed(result.speedup(DEFAULT_SPEC, INCREMENTAL), tokens_per_step) + 1):
         for method in rotation((INCREMENTAL, DEFAULT_SPEC), k + extra):
             result.runs[method].append(bench.run(method, ids))

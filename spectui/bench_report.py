@@ -60,6 +60,11 @@ class Run:
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def tokens_per_step(self) -> float | None:
+        """Tokens per verifier pass, the prefill's included; None where passes were not counted."""
+        return len(self.tokens) / self.steps if self.steps else None
+
+    @property
     def decode_s(self) -> float | None:
         """Wall time after the first token (the prefill's): the decoding alone; ours only."""
         return self.seconds - self.ttft_s if self.ttft_s is not None else None
@@ -107,7 +112,7 @@ class PromptResult:
                     cell["decode_tokens_per_s"] = runs[0].decode_tokens_per_s
             if name in SPEC_METHODS:
                 cell["speedup_vs_incremental"] = self.speedup(name, INCREMENTAL)
-                cell["mean_accepted"] = len(runs[0].tokens) / runs[0].steps if runs[0].steps else 0.0
+                cell["mean_accepted"] = runs[0].tokens_per_step or 0.0
                 cell["identical"] = self.identical(name)
             methods[name] = cell
         return {

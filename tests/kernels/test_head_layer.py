@@ -14,7 +14,7 @@ import torch
 from spectui.engine.feature_drafter import FeatureDrafter
 from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig
 from spectui.engine.tree import TokenTree
-from spectui.kernels import head_layer, native
+from spectui.kernels import native
 
 V, H = 500, 64
 CONFIG = FeatureHeadConfig(hidden=H, heads=4, kv_heads=2, head_dim=16, intermediate=96, rope_theta=10_000.0,
@@ -45,10 +45,7 @@ def close(got: torch.Tensor, want: torch.Tensor, rel: float = 0.02) -> bool:
 @pytest.mark.parametrize("tree_mask", [False, True])
 def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask):
     head = make_head()
-    layer = head_layer.head_layer(
-        {"fc_w": head.fc.weight, "fc_b": head.fc.bias, "norm_in": head.norm_in, "qkv_w": head.qkv.weight,
-         "o_w": head.o.weight, "norm_post": head.norm_post, "gu_w": head.gate_up.weight, "down_w": head.down.weight},
-        head.embed, CONFIG.heads, CONFIG.kv_heads, CONFIG.head_dim, CONFIG.rope_theta, CONFIG.rms_eps)
+    layer = head.make_layer_kernel()
     assert layer is not None
     g = torch.Generator().manual_seed(T * 100 + used)
     tokens = torch.randint(0, V, (used + T,), generator=g).tolist()
