@@ -57,11 +57,12 @@ def embedded_models(embedded_dir):
 
 
 @pytest.fixture(scope="session")
-def embedded_fp32(embedded_dir):
-    """The embedded model's unquantised weights: a near-perfect SSM for the NF4 verifier."""
-    from spectui.engine.loading import load_causal_lm
+def embedded_ssm(embedded_dir):
+    """The embedded model's unquantised weights loaded as the engine loads an SSM (bf16 where the CPU
+    has AVX512-BF16, else fp32): a near-perfect SSM for the NF4 verifier."""
+    from spectui.engine.loading import load_drafter
 
-    return load_causal_lm(embedded_dir, "cpu", "none")
+    return load_drafter(embedded_dir, "cpu")
 
 
 @contextlib.contextmanager
@@ -91,7 +92,7 @@ def read_only():
 # `make test-fast` (pytest --fast): the quick loop. Tests that load the embedded model's weights
 # (directly or through the app or the CLI), drive a terminal, or are marked slow are skipped; tiny
 # random models still run (they borrow only the embedded tokenizer).
-HEAVY_FIXTURES = {"embedded_models", "embedded_fp32", "model_home"}
+HEAVY_FIXTURES = {"embedded_models", "embedded_ssm", "model_home"}
 
 
 def pytest_addoption(parser):

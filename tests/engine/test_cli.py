@@ -67,8 +67,8 @@ def test_generate_answers_paris_with_summary(embedded_dir, tmp_path):
 
 @pytest.mark.slow
 def test_generate_json_prints_step_events(embedded_dir):
-    result = spectui("generate", "Count from 1 to 5.", "--max-new-tokens", "16", "--json", "--no-spec")
-    assert result.returncode == 0, result.stderr
+    result = in_process("generate", "Count from 1 to 5.", "--max-new-tokens", "16", "--json", "--no-spec")
+    assert result.exit_code == 0, result.stderr
     events = [StepEvent.from_json(line) for line in result.stdout.splitlines()]
     assert [e.step for e in events] == list(range(len(events)))
     assert all(len(e.new_tokens) == 1 for e in events)  # --no-spec: one token per verifier step
@@ -132,11 +132,11 @@ def test_generate_with_vote_merge_and_two_speculators(embedded_dir, tmp_path):
     """--ssm the embedded folder (unquantised: near-perfect) beside the preset's speculators, which agree
     on a repetitive answer: vote must leave one vote count per depth, where union would mix them."""
     trace = tmp_path / "vote.jsonl"
-    result = spectui(
+    result = in_process(
         "generate", "Repeat exactly: red green blue red green blue red green blue", "--max-new-tokens", "24",
         "--merge", "vote", "--tree", "1,1,1", "--ssm", str(embedded_dir), "--trace", str(trace),  # a fixed tree: every speculator drafts
     )
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert "red green blue" in result.stdout
     info, events = read_trace(trace)
     assert info.merge == "vote" and len(info.ssms) == 4  # the preset's two SSMs, the --ssm, n-gram

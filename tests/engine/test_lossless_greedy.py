@@ -2,7 +2,7 @@
 
 The oracle is `generate(do_sample=False)` on the very verifier object the engine uses (the
 embedded model, NF4). Speculators: the n-gram drafter, a near-perfect SSM (the verifier's own
-unquantised weights: long acceptances), a deliberately bad SSM (a random tiny model with the
+unquantised weights, loaded as the engine loads an SSM: long acceptances), a deliberately bad SSM (a random tiny model with the
 same vocabulary: rejections), one and two SSMs, several tree shapes, both merge policies (union
 and vote; vote's speculators include the NF4 verifier itself, which agrees with its unquantised
 weights on most but not all tokens, so vote really prunes).
@@ -70,34 +70,34 @@ def random_feature_drafter(nf4):
     return FeatureDrafter("feature", head.eval())
 
 
-def two_ssms_and_ngram(fp32, bad, nf4):
-    return [ModelDrafter("bad", bad), ModelDrafter("self", fp32), NGramDrafter()]
+def two_ssms_and_ngram(ssm, bad, nf4):
+    return [ModelDrafter("bad", bad), ModelDrafter("self", ssm), NGramDrafter()]
 
 
-# name -> (speculators from (fp32 SSM, bad SSM, NF4 verifier), tree shape, merge policy)
+# name -> (speculators from (the near-perfect SSM, bad SSM, NF4 verifier), tree shape, merge policy)
 CONFIGS = {
-    "incremental": (lambda fp32, bad, nf4: [], (1,), "union"),
-    "ngram": (lambda fp32, bad, nf4: [NGramDrafter()], (2, 2, 1, 1), "union"),
-    "perfect-deep": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1), "union"),
-    "perfect-wide": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (3, 1), "union"),
-    "bad": (lambda fp32, bad, nf4: [ModelDrafter("bad", bad)], (2, 2, 1, 1), "union"),
+    "incremental": (lambda ssm, bad, nf4: [], (1,), "union"),
+    "ngram": (lambda ssm, bad, nf4: [NGramDrafter()], (2, 2, 1, 1), "union"),
+    "perfect-deep": (lambda ssm, bad, nf4: [ModelDrafter("self", ssm)], (1, 1, 1, 1, 1), "union"),
+    "perfect-wide": (lambda ssm, bad, nf4: [ModelDrafter("self", ssm)], (3, 1), "union"),
+    "bad": (lambda ssm, bad, nf4: [ModelDrafter("bad", bad)], (2, 2, 1, 1), "union"),
     "two-ssms+ngram": (two_ssms_and_ngram, (2, 1, 1), "union"),
     "vote:two-ssms+ngram": (two_ssms_and_ngram, (2, 1, 1), "vote"),
     "vote:perfect+verifier": (
-        lambda fp32, bad, nf4: [ModelDrafter("self", fp32), ModelDrafter("nf4", nf4)], (2, 2, 1, 1), "vote"
+        lambda ssm, bad, nf4: [ModelDrafter("self", ssm), ModelDrafter("nf4", nf4)], (2, 2, 1, 1), "vote"
     ),
     # the adaptive tree: shapes change every step, one-token (calibration) steps interleave
     "auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),
-    "auto:perfect+ngram": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32), NGramDrafter()], "auto", "union"),
+    "auto:perfect+ngram": (lambda ssm, bad, nf4: [ModelDrafter("self", ssm), NGramDrafter()], "auto", "union"),
     "auto-vote:two-ssms+ngram": (two_ssms_and_ngram, "auto", "vote"),
     # a feature drafter (EAGLE): reads the verifier's hidden states, handed over after every pass
-    "feature": (lambda fp32, bad, nf4: [random_feature_drafter(nf4)], (2, 2, 1), "union"),
-    "auto:feature+ssm+ngram": (lambda fp32, bad, nf4: [random_feature_drafter(nf4), ModelDrafter("self", fp32), NGramDrafter()],
+    "feature": (lambda ssm, bad, nf4: [random_feature_drafter(nf4)], (2, 2, 1), "union"),
+    "auto:feature+ssm+ngram": (lambda ssm, bad, nf4: [random_feature_drafter(nf4), ModelDrafter("self", ssm), NGramDrafter()],
                                "auto", "union"),
     # pipelined drafting (engine/pipeline.py): the SSM drafts ahead while the verifier runs
-    "pipe:perfect-deep": (lambda fp32, bad, nf4: [ModelDrafter("self", fp32)], (1, 1, 1, 1, 1), "union"),
+    "pipe:perfect-deep": (lambda ssm, bad, nf4: [ModelDrafter("self", ssm)], (1, 1, 1, 1, 1), "union"),
     "pipe-auto:two-ssms+ngram": (two_ssms_and_ngram, "auto", "union"),
-    "pipe-auto:feature+ssm+ngram": (lambda fp32, bad, nf4: [random_feature_drafter(nf4), ModelDrafter("bad", bad), NGramDrafter()],
+    "pipe-auto:feature+ssm+ngram": (lambda ssm, bad, nf4: [random_feature_drafter(nf4), ModelDrafter("bad", bad), NGramDrafter()],
                                     "auto", "union"),
 }
 
@@ -112,10 +112,10 @@ def vote_counts_per_depth(event) -> dict[int, set[int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_speculative_equals_hf_generate(config, embedded_models, embedded_fp32, bad_ssm, references):
+def test_speculative_equals_hf_generate(config, embedded_models, embedded_ssm, bad_ssm, references):
     make, shape, merge = CONFIGS[config]
     m = embedded_models
-    engine = SpeculativeEngine(m.verifier, m.tokenizer, make(embedded_fp32, bad_ssm, m.verifier), m.stop_token_ids())
+    engine = SpeculativeEngine(m.verifier, m.tokenizer, make(embedded_ssm, bad_ssm, m.verifier), m.stop_token_ids())
     stats, steps, per_draft = [], [], []
     for prompt in PROMPTS:
         ids, expected = references[prompt]
@@ -132,7 +132,7 @@ def test_speculative_equals_hf_generate(config, embedded_models, embedded_fp32, 
     if merge == "vote":  # the policy was applied: at every depth the survivors share one vote count
         assert all(len(c) == 1 for e in steps for c in vote_counts_per_depth(e).values())
     if config == "vote:perfect+verifier":
-        # union holds the fp32 SSM's 2+4+4+4 = 14 nodes at least; vote keeps only the agreed ones
+        # union holds the near-perfect SSM's 2+4+4+4 = 14 nodes at least; vote keeps only the agreed ones
         assert sum(e.drafted < 14 for e in steps) > len(steps) // 2, "vote should prune most trees"
         assert tokens_per_draft > 2.5, "pruning disagreements must keep the long acceptances"
     if config.startswith("auto"):

@@ -77,22 +77,22 @@ def check_mss_follows_verifier(engine, ids, tree, draws: int, min_accepted: floa
 
 
 @pytest.mark.slow
-def test_mss_samples_follow_verifier_distribution(embedded_models, embedded_fp32):
+def test_mss_samples_follow_verifier_distribution(embedded_models, embedded_ssm):
     m = embedded_models
-    engine = SpeculativeEngine(m.verifier, m.tokenizer, [ModelDrafter("self", embedded_fp32), NGramDrafter()])
+    engine = SpeculativeEngine(m.verifier, m.tokenizer, [ModelDrafter("self", embedded_ssm), NGramDrafter()])
     ids = encode_chat(m.tokenizer, [{"role": "user", "content": "Tell me a short story about a dragon."}])
     settings = GenerationSettings(temperature=TEMPERATURE, top_p=TOP_P, tree_shape=(3, 2, 1))
     check_mss_follows_verifier(engine, ids, draft_for(engine, ids, settings), DRAWS)
 
 
 @pytest.mark.slow
-def test_mss_on_a_vote_tree_follows_verifier_distribution(embedded_models, embedded_fp32):
-    """Vote prunes the union of two SSMs (fp32 weights and the NF4 verifier itself); still lossless.
+def test_mss_on_a_vote_tree_follows_verifier_distribution(embedded_models, embedded_ssm):
+    """Vote prunes the union of two SSMs (the unquantised weights and the NF4 verifier itself); still lossless.
 
     Here the two disagree on the third root child ("Once" vs "One"), so vote keeps 2 root children
     of the union's 4 (about 37 % of the root's mass, hence the lower acceptance floor)."""
     m = embedded_models
-    drafters = [ModelDrafter("self", embedded_fp32), ModelDrafter("nf4", m.verifier)]
+    drafters = [ModelDrafter("self", embedded_ssm), ModelDrafter("nf4", m.verifier)]
     engine = SpeculativeEngine(m.verifier, m.tokenizer, drafters)
     ids = encode_chat(m.tokenizer, [{"role": "user", "content": "Tell me a short story about a dragon."}])
     settings = GenerationSettings(temperature=TEMPERATURE, top_p=TOP_P, tree_shape=(3, 2, 1), merge="vote")

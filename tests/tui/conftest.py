@@ -19,18 +19,24 @@ def anyio_backend():
 
 
 @pytest.fixture
-def fresh_home(tmp_path, monkeypatch):
+def fresh_home(tmp_path, monkeypatch, spectui_home):
+    """A new SPECTUI_HOME: no config, history or models of its own. What load builds once per machine
+    and keeps in the model cache (the compiled C kernels, a model's 4-bit weights) is linked to the
+    session home's, as a second run finds it: the first build is the session's (tests/engine)."""
     home = tmp_path / "home"
-    home.mkdir()
+    models = home / "cache" / "models"
+    models.mkdir(parents=True)
+    shared = spectui_home / "cache" / "models"
+    for built in ("kernels", "quantized"):
+        (shared / built).mkdir(parents=True, exist_ok=True)
+        (models / built).symlink_to(shared / built, target_is_directory=True)
     monkeypatch.setenv("SPECTUI_HOME", str(home))
     return home
 
 
 @pytest.fixture
 def model_home(fresh_home, embedded_dir):
-    models = fresh_home / "cache" / "models"
-    models.mkdir(parents=True)
-    (models / "smollm2-135m").symlink_to(embedded_dir, target_is_directory=True)
+    (fresh_home / "cache" / "models" / "smollm2-135m").symlink_to(embedded_dir, target_is_directory=True)
     return fresh_home
 
 
