@@ -7,13 +7,16 @@ is given by its caller (`models_dir`: the model cache; `cost_cache`: measured st
     from spectui.engine import Conversation, GenerationSettings, chat_turn, load_engine
 
     cache = Path("~/.cache/spectui").expanduser()  # spectui's own folders: spectui/paths.py
-    models, engine = load_engine("smollm2-135m", models_dir=cache / "models", cost_cache=cache / "costs")
+    run = RunSpec("smollm2-135m", settings=GenerationSettings(max_new_tokens=64))
+    models, engine = load_engine(run, models_dir=cache / "models", cost_cache=cache / "costs")
     conversation = Conversation(system=None)
     conversation.add("user", "What is the capital of France?")
-    for event in chat_turn(engine, models, conversation, GenerationSettings(max_new_tokens=64)):
+    for event in chat_turn(engine, models, conversation, run.settings):
         print(event.new_text, end="")  # one StepEvent per verifier step
 
-Load      load_engine(model, ssms, quant, device, progress, cost_cache, models_dir) -> (LoadedModels,
+Run       RunSpec: what to load (model, ssms, speculators, quant, device) and how to generate
+          (GenerationSettings); the one record the CLI, the app's config, the engine process and bench share.
+Load      load_engine(run, progress, cost_cache, models_dir) -> (LoadedModels,
           SpeculativeEngine); load_models (the models without an engine); resolve_model / resolve_ssm
           (--model / --ssm values, checked before loading); preset_rows(models_dir), cache_entries(models_dir)
           and remove_cache_entry(models_dir, name) (`spectui models`); model_choices(models_dir) and
@@ -43,9 +46,9 @@ from .catalog import CacheEntryError, cache_entries, model_choices, preset_rows,
 from .chat import ContextError, Conversation, chat_turn, encode_chat
 from .events import BONUS_SOURCE, RunInfo, StepEvent, TraceError, TreeNode, read_runs, read_trace, write_trace
 from .files import private_dir, write_private
-from .presets import ModelSpecError, choose_speculators, resolve_model, resolve_ssm
+from .presets import DEFAULT_PRESET, ModelSpecError, choose_speculators, resolve_model, resolve_ssm
 from .prompt_files import PromptFileError, read_prompt_file
-from .settings import DEFAULT_MERGE, DEFAULT_TREE, GenerationSettings, parse_tree, tree_text
+from .settings import DEFAULT_MERGE, DEFAULT_TREE, GenerationSettings, RunSpec, parse_tree, tree_text
 from .worker import EngineDied, EngineWorker, LoadRequest, WorkerError, engine_threads, prepare_engine_process
 
 _LAZY = {  # module -> the names it gives; these modules import torch, so they load on first use (PEP 562)
@@ -56,8 +59,8 @@ _LAZY = {  # module -> the names it gives; these modules import torch, so they l
 _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
-    "BONUS_SOURCE", "CacheEntryError", "DEFAULT_MERGE", "DEFAULT_TREE", "ContextError", "Conversation", "EngineDied", "EngineWorker",
-    "GenerationSettings", "LoadRequest", "ModelSpecError", "PromptFileError", "RunInfo", "StepEvent", "TraceError", "TreeNode",
+    "BONUS_SOURCE", "CacheEntryError", "DEFAULT_MERGE", "DEFAULT_PRESET", "DEFAULT_TREE", "ContextError", "Conversation", "EngineDied", "EngineWorker",
+    "GenerationSettings", "LoadRequest", "ModelSpecError", "PromptFileError", "RunInfo", "RunSpec", "StepEvent", "TraceError", "TreeNode",
     "WorkerError", "cache_entries", "chat_turn", "choose_speculators", "encode_chat", "engine_threads", "model_choices", "parse_tree", "prepare_engine_process",
     "preset_rows", "private_dir", "read_prompt_file", "remove_cache_entry", "read_runs", "read_trace", "resolve_model", "resolve_ssm", "speculator_choices", "tree_text",
     "write_private", "write_trace", *_LAZY_NAMES,

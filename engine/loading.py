@@ -31,6 +31,7 @@ from .cache_health import (  # noqa: F401 (part of this module's API)
 )
 from .feature_head import FeatureHead, is_feature_head
 from .presets import BUNDLED, EMBEDDED, Preset, hub_revision
+from .settings import RunSpec
 from .quantization import FOLDER as QUANTIZED_DIR, keep_fp32_compute, load_quantized, quant_config
 
 QUANTS = ("nf4", "fp4", "int8", "none")
@@ -336,10 +337,9 @@ def load_models(
     return LoadedModels(preset, verifier, tokenizer, ssms, device, quant, backend)
 
 
-def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", progress: Progress | None = None,
-                cost_cache: Path | None = None, models_dir: Path | None = None, speculators: str = "default"):
-    """--model and --ssm values -> (LoadedModels, SpeculativeEngine): what the CLI and the engine process load.
-    `speculators`: the preset's own SSMs or another choice of them (presets.choose_speculators).
+def load_engine(run: RunSpec, progress: Progress | None = None, cost_cache: Path | None = None,
+                models_dir: Path | None = None):
+    """A RunSpec's load part -> (LoadedModels, SpeculativeEngine): what the CLI and the engine process load.
 
     Models come from the model cache `models_dir` (see `locate`). The engine's cost model (costs.py)
     is read from `cost_cache` or measured there (about a second; None: measured, not kept).
@@ -350,10 +350,10 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
     from .presets import choose_speculators, resolve_model, resolve_ssm
 
     note = progress or (lambda stage, fraction=None: None)
-    preset = choose_speculators(resolve_model(model), speculators)
-    extra = tuple(resolve_ssm(s) for s in ssms)
+    preset = choose_speculators(resolve_model(run.model), run.speculators)
+    extra = tuple(resolve_ssm(s) for s in run.ssms)
     note(f"model {preset.name}: locating", None)
-    models = load_models(preset, extra, quant=quant, device=device, progress=progress, models_dir=models_dir)
+    models = load_models(preset, extra, quant=run.quant, device=run.device, progress=progress, models_dir=models_dir)
     note("building the speculation engine", None)
     engine = build_engine(models)
     for name, _ in models.ssms:
@@ -362,12 +362,12 @@ def load_engine(model: str, ssms=(), quant: str = "nf4", device: str = "auto", p
     if engine.drafters:
         note("measuring step costs", None)
         key = CostKey(model=f"{preset.name}:{preset.verifier}:{'+'.join(engine.speculator_names)}",
-                      quant=quant, device=models.device, threads=torch.get_num_threads(),
+                      quant=run.quant, device=models.device, threads=torch.get_num_threads(),
                       attention=models.attention_backend, runner=type(engine.verifier).__name__,
                       linear4bit=getattr(models.verifier, "spectui_4bit", ""))
         prepare_costs(engine, cost_cache, key)
         if cost_cache is not None:  # what the auto tree learned, kept per verifier, quant and speculators
-            engine.remember_acceptance(acceptance_path(cost_cache, key.model, quant))
+            engine.remember_acceptance(acceptance_path(cost_cache, key.model, run.quant))
     return models, engine
 
 

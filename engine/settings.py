@@ -1,9 +1,15 @@
-"""Generation settings: one dataclass that the CLI, the TUI and the bench fill in."""
+"""A run of the engine: RunSpec (what to load and how to generate) and its GenerationSettings.
+
+The CLI builds a RunSpec from its flags, the app from its config and model picker (spectui/config.py
+`Config.run_spec`); load_engine loads one, the engine process gets one in its LoadRequest, bench runs
+every method from one. Traces record what ran (events.RunInfo)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .presets import DEFAULT_PRESET
 
 AUTO = "auto"  # the tree chosen each step from measured costs and acceptance (auto_tree.py)
 DEFAULT_TREE = AUTO
@@ -45,6 +51,23 @@ class GenerationSettings:
     @property
     def auto(self) -> bool:
         return self.tree_shape == AUTO
+
+
+@dataclass
+class RunSpec:
+    """What to load and how to generate. The values are the flags' (checked when loading:
+    presets.resolve_model / resolve_ssm, loading.check_quant); the engine process takes the load part
+    and each turn's settings (the app's settings change between turns)."""
+
+    model: str = DEFAULT_PRESET  # a preset, hub id, model folder or .gguf file (--model)
+    ssms: tuple[str, ...] = ()  # SSMs beside the preset's own (--ssm)
+    speculators: str = "default"  # the preset's own, "ngram", "none" or one SSM (presets.choose_speculators)
+    quant: str = "nf4"
+    device: str = "auto"
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+
+    def __post_init__(self) -> None:
+        self.ssms = tuple(self.ssms)
 
 
 def shape_nodes(shape: tuple[int, ...]) -> int:

@@ -40,20 +40,16 @@ from .channel import (
 )
 from .chat import Conversation
 from .events import StepEvent
-from .settings import GenerationSettings
+from .settings import GenerationSettings, RunSpec
 
 
 @dataclass
 class LoadRequest:
-    model: str
-    ssms: tuple[str, ...] = ()
-    quant: str = "nf4"
-    device: str = "auto"
+    run: RunSpec  # what to load (each turn sends its own settings: the app's change between turns)
     threads: int | None = None  # torch threads in the child; None: every core (engine_threads)
     log_file: str | None = None  # where the child's stdout and stderr go (None: a temporary file)
     cost_cache: str | None = None  # folder of measured cost models (None: measure at every start)
     models_dir: str | None = None  # the model cache (None: local model folders only; engine/loading.py)
-    speculators: str = "default"  # the preset's own SSMs, or "ngram", "none" or one SSM (presets.choose_speculators)
 
 
 @dataclass
@@ -143,9 +139,8 @@ def _load(conn, request: LoadRequest):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load_engine(request.model, request.ssms, request.quant, request.device, progress,
-                           Path(request.cost_cache) if request.cost_cache else None,
-                           Path(request.models_dir) if request.models_dir else None, request.speculators)
+        return load_engine(request.run, progress, Path(request.cost_cache) if request.cost_cache else None,
+                           Path(request.models_dir) if request.models_dir else None)
 
 
 # ---------------------------------------------------------------- parent side

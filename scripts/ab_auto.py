@@ -3,14 +3,14 @@
 """A/B with repeats: per prompt, incremental and auto alternate ROUNDS times; medians of per-round ratios."""
 import time, json, sys, statistics, math, torch
 from pathlib import Path
-from spectui.engine import GenerationSettings, encode_chat, load_engine
+from spectui.engine import GenerationSettings, RunSpec, encode_chat, load_engine
 torch.set_num_threads(2)
 from spectui import paths
 import os
 if os.environ.get("AB_SSM_DTYPE"):  # compare SSM dtypes: AB_SSM_DTYPE=float32 (own cost cache)
     import spectui.engine.loading as loading  # an experiment on the engine's internals
     loading.drafter_dtype = lambda device: getattr(torch, os.environ["AB_SSM_DTYPE"])
-models, engine = load_engine("smollm2-135m", cost_cache=paths.cache_dir() / f"costs{os.environ.get('AB_SSM_DTYPE', '')}",
+models, engine = load_engine(RunSpec("smollm2-135m"), cost_cache=paths.cache_dir() / f"costs{os.environ.get('AB_SSM_DTYPE', '')}",
                              models_dir=paths.models_dir())
 path, per, N, ROUNDS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rows = [json.loads(l) for l in open(path)]

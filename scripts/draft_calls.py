@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from spectui import paths
-from spectui.engine import GenerationSettings, encode_chat, load_engine
+from spectui.engine import GenerationSettings, RunSpec, encode_chat, load_engine
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
-    models, engine = load_engine("smollm2-135m", cost_cache=paths.costs_dir(), models_dir=paths.models_dir())
+    models, engine = load_engine(RunSpec("smollm2-135m"), cost_cache=paths.costs_dir(), models_dir=paths.models_dir())
     switch, mode, times = kernel_switch(engine), ["on"], {}
     for d in engine.drafters:
         if d.kind != "model":

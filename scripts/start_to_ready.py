@@ -30,6 +30,7 @@ began = time.monotonic()
 from spectui import paths
 from spectui.engine import worker
 from spectui.engine.quantization import FOLDER
+from spectui.engine.settings import RunSpec
 from spectui.engine.worker import EngineWorker, LoadRequest, prepare_engine_process
 
 
@@ -59,7 +60,7 @@ if __name__ == "__main__":
     prepare_engine_process()
     times, t = [], began
     for _ in range(2):
-        w = EngineWorker(LoadRequest(sys.argv[2], models_dir=str(paths.models_dir()), cost_cache=str(paths.costs_dir())))
+        w = EngineWorker(LoadRequest(RunSpec(sys.argv[2]), models_dir=str(paths.models_dir()), cost_cache=str(paths.costs_dir())))
         w.wait_loaded()
         times.append(time.monotonic() - t)
         w.close()

@@ -3,10 +3,10 @@
 """Time to first token per chat turn, with and without reusing the conversation's KV cache."""
 import time, sys, torch
 from pathlib import Path
-from spectui.engine import Conversation, GenerationSettings, load_engine
+from spectui.engine import Conversation, GenerationSettings, RunSpec, load_engine
 torch.set_num_threads(2)
 from spectui import paths
-models, engine = load_engine("smollm2-135m", cost_cache=paths.costs_dir(), models_dir=paths.models_dir())
+models, engine = load_engine(RunSpec("smollm2-135m"), cost_cache=paths.costs_dir(), models_dir=paths.models_dir())
 turns = ["Tell me about the history of Paris in a few sentences.", "What about London?", "Compare their populations.",
          "Which one has more museums?", "Summarize our conversation in two sentences."]
 settings = GenerationSettings(max_new_tokens=96)

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from .bench_report import DEFAULT_SPEC, INCREMENTAL, PromptResult, Run, format_table, summarise  # noqa: F401
-from .engine import DEFAULT_TREE, GenerationSettings, encode_chat, read_prompt_file, tree_text
+from .engine import GenerationSettings, encode_chat, read_prompt_file, tree_text
 
 MERGE_CHOICES = ("union", "vote", "both")
 FIXED_TREE = (1, 1, 1)  # the speculative-fixed row: the default tree before `auto`
@@ -131,8 +131,10 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
 class Bench:
     """Runs one method on one prompt and times it."""
 
-    def __init__(self, models, engine, max_new_tokens: int, tree=DEFAULT_TREE):
+    def __init__(self, models, engine, run_settings: GenerationSettings):
+        """run_settings: the RunSpec's; every method runs greedy with its max_new_tokens, ours with its tree."""
         self.models, self.engine = models, engine
+        tree, max_new_tokens = run_settings.tree_shape, run_settings.max_new_tokens
         base = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
         self.settings = {  # our methods' settings; detail stays off (no tree text per event)
             INCREMENTAL: replace(base, speculate=False),
@@ -207,13 +209,15 @@ def measure_prompt(bench: Bench, methods: tuple[str, ...], k: int, prompt: str) 
 
 
 def run_bench(
-    models, engine, prompts: list[str], max_new_tokens: int, progress=None, merge: str = "both",
-    tree=DEFAULT_TREE, threads: int | None = None,
+    models, engine, prompts: list[str], run_settings: GenerationSettings, progress=None, merge: str = "both",
+    threads: int | None = None,
 ) -> dict:
-    """Warm up, measure every prompt, return the report (its keys: bench_report.py's docstring)."""
+    """Warm up, measure every prompt, return the report (its keys: bench_report.py's docstring).
+    run_settings: the RunSpec's (max_new_tokens, and the tree of the speculative rows)."""
     policies = merge_policies(merge)
     threads = set_threads(threads)
-    bench = Bench(models, engine, max_new_tokens, tree)
+    bench = Bench(models, engine, run_settings)
+    max_new_tokens, tree = run_settings.max_new_tokens, run_settings.tree_shape
     methods = bench_methods(bench.assistant is not None, policies)
     warm = bench.prompt_ids("Hello")
     for method in methods:  # first calls pay for allocation, lazy initialisation and cost measurement

@@ -68,8 +68,9 @@ class ChatApp(HistoryActions, MessageActions, ModelActions, SpecTuiApp):
         self.ssm_specs, self.quant, self.device_spec = tuple(ssms), quant, device
         self.seed, self.system_override, self.trace = seed, system, trace
         self.info = None  # ModelInfo of the loaded models
-        self.model_spec, self.speculators = (model, "default") if model else (self.config.model, self.config.speculators)
-        self.link = EngineLink(self, self.model_spec, self.ssm_specs, quant, device, trace, engine_threads, self.speculators)
+        run = self.config.run_spec(model, self.ssm_specs, quant, device, seed)
+        self.model_spec, self.speculators = run.model, run.speculators
+        self.link = EngineLink(self, run, trace, engine_threads)
         self.load_error: str | None = None
         self.generating = False
         self.store: Store | None = None

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from .data import bench_questions
-from .engine import resolve_model, resolve_ssm
+from .engine import GenerationSettings, RunSpec, resolve_model, resolve_ssm
 from .options import DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, SsmOpt, UsageFailure, friendly_errors, load, text_arg
 
 
@@ -105,8 +105,10 @@ def tui_bench(
             raise UsageFailure("--limit, --rounds, --max-new-tokens and --engine-threads must be at least 1")
         check_quant(quant)
         texts = read_prompts(prompts or bench_questions(), limit)
-        models, engine = load(model, ssm, quant, device)
-        report = compare(models, engine, dict(model=model, ssms=tuple(ssm or ()), quant=quant, device=device, engine_threads=engine_threads), texts, max_new_tokens, rounds, lambda line: typer.echo(line, err=True))
+        run = RunSpec(model, tuple(ssm or ()), quant=quant, device=device,
+                      settings=GenerationSettings(max_new_tokens=max_new_tokens))  # greedy
+        models, engine = load(run)
+        report = compare(models, engine, run, texts, rounds, lambda line: typer.echo(line, err=True), threads=engine_threads)
         typer.echo(json.dumps(report, indent=2))
         typer.echo(
             f"app {report['app_tokens_per_s']} tokens/s vs headless {report['headless_tokens_per_s']} tokens/s: "

@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .engine import DEFAULT_MERGE, GenerationSettings, parse_tree, tree_text
+from .engine import DEFAULT_MERGE, DEFAULT_PRESET, GenerationSettings, RunSpec, parse_tree, tree_text
 from .paths import write_private
 
 GENERATION = ("temperature", "top_p", "tree", "speculate", "merge", "max_new_tokens")
@@ -38,9 +38,16 @@ class Config:
     speculate: bool = True
     merge: str = DEFAULT_MERGE  # how several speculators' trees merge: union or vote
     max_new_tokens: int = 256
-    model: str = "smollm2-135m"  # the model picker's (ctrl+o) choice: what `spectui chat` loads without --model
+    model: str = DEFAULT_PRESET  # the model picker's (ctrl+o) choice: what `spectui chat` loads without --model
     speculators: str = "default"  # and its speculators: default, ngram, none or one SSM (engine choose_speculators)
     notice: str | None = None  # not saved: why (part of) the file was ignored
+
+    def run_spec(self, model: str | None = None, ssms=(), quant: str = "nf4", device: str = "auto",
+                 seed: int | None = None) -> RunSpec:
+        """The app's run: --model over the picked model (with the preset's own speculators then), these
+        settings (ValueError when one is out of range)."""
+        speculators = "default" if model else self.speculators
+        return RunSpec(model or self.model, ssms, speculators, quant, device, self.settings(seed))
 
     def settings(self, seed: int | None = None) -> GenerationSettings:
         """GenerationSettings from these values (ValueError when one is out of range)."""

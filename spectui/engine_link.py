@@ -20,17 +20,16 @@ import threading
 from dataclasses import replace
 
 from . import paths
-from .engine import Conversation, EngineDied, EngineWorker, LoadRequest, RunInfo, WorkerError, write_trace
+from .engine import Conversation, EngineDied, EngineWorker, LoadRequest, RunInfo, RunSpec, WorkerError, write_trace
 from .messages import EngineLost, LoadFailed, LoadProgress, ModelsLoaded, StepArrived, TurnFinished
 
 
 class EngineLink:
-    def __init__(self, app, model: str, ssms: tuple[str, ...], quant: str, device: str, trace=None,
-                 threads: int | None = None, speculators: str = "default") -> None:
+    def __init__(self, app, run: RunSpec, trace=None, threads: int | None = None) -> None:
+        """run: what to load (each turn brings the app's settings of the moment)."""
         self.app = app
-        self.request = LoadRequest(model, ssms, quant, device, log_file=str(paths.engine_log_file()),
-                                   cost_cache=str(paths.costs_dir()), models_dir=str(paths.models_dir()),
-                                   threads=threads, speculators=speculators)
+        self.request = LoadRequest(run, log_file=str(paths.engine_log_file()), cost_cache=str(paths.costs_dir()),
+                                   models_dir=str(paths.models_dir()), threads=threads)
         self.trace = trace
         self.state = "off"
         self.worker: EngineWorker | None = None  # the ready engine
@@ -67,7 +66,7 @@ class EngineLink:
             self.worker = self.loading = self.info = None
             self.state, self.reason = "off", None
             self.attempt += 1
-            self.request = replace(self.request, model=model, ssms=(), speculators=speculators)
+            self.request = replace(self.request, run=replace(self.request.run, model=model, ssms=(), speculators=speculators))
         # closing a loading process waits for it up to 2 s: not on the UI thread
         threading.Thread(target=lambda: [w.close() for w in workers], name="spectui-close", daemon=True).start()
 

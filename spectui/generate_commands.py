@@ -18,7 +18,7 @@ from . import paths
 from .data import bench_questions
 from .documents import DocumentError, read_document, read_stream
 from .engine import (
-    DEFAULT_MERGE, CacheEntryError, Conversation, GenerationSettings, RunInfo, cache_entries, chat_turn, parse_tree,
+    DEFAULT_MERGE, CacheEntryError, Conversation, GenerationSettings, RunInfo, RunSpec, cache_entries, chat_turn, parse_tree,
     preset_rows, remove_cache_entry, tree_text, write_trace,
 )
 from .options import (
@@ -64,12 +64,14 @@ def generate(
 
     with friendly_errors():
         prompt, system = read_prompt(prompt, file), text_arg(system)
-        settings = make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge)
+        run = RunSpec(model, tuple(ssm or ()), quant=quant, device=device,
+                      settings=make_settings(max_new_tokens, temperature, top_p, seed, tree, no_spec, merge))
+        settings = run.settings
         check_quant(quant)  # with the other flags, before the model is looked up
         settings.detail = as_json or trace is not None  # trees with text and probabilities only when recorded
         if trace is not None:
             check_writable(trace, "--trace")
-        models, engine = load(model, ssm, quant, device)
+        models, engine = load(run)
         conversation = Conversation(system=system)
         conversation.add("user", prompt)
         events = chat_turn(engine, models, conversation, settings)
@@ -81,10 +83,10 @@ def generate(
             attention_backend=models.attention_backend,
             prompt=prompt,
             system=system,
-            temperature=temperature,
-            top_p=top_p,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
             tree_shape=settings.tree_shape if settings.auto else list(settings.tree_shape),
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=settings.max_new_tokens,
             merge=settings.merge,
         )
         with contextlib.ExitStack() as stack:
@@ -235,12 +237,14 @@ def bench(
         texts = read_prompts(prompts, limit, per_category)
         typer.echo(f"bench: {len(texts)} prompts from {prompts}", err=True)
         threads = set_threads(threads)  # before loading: the engine measures its costs per thread count
-        loaded, engine = load(model, ssm, quant, device)
+        run = RunSpec(model, tuple(ssm or ()), quant=quant, device=device,
+                      settings=GenerationSettings(max_new_tokens=max_new_tokens, tree_shape=shape))  # greedy
+        loaded, engine = load(run)
 
         def progress(done, total):
             typer.echo(f"bench: {done}/{total} prompts", err=True)
 
-        report = run_bench(loaded, engine, texts, max_new_tokens, progress, merge=merge, tree=shape, threads=threads)
+        report = run_bench(loaded, engine, texts, run.settings, progress, merge=merge, threads=threads)
         typer.echo(format_table(report), err=json_out == "-")
         if json_out == "-":
             typer.echo(json.dumps(report, indent=2))

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import typer
 
+from .engine import DEFAULT_PRESET
+
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
-ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="preset, hub id (org/name), model folder or .gguf file")
+ModelOpt = typer.Option(DEFAULT_PRESET, "--model", "-m", help="preset, hub id (org/name), model folder or .gguf file")
 SsmOpt = typer.Option(None, "--ssm", help="add a speculative model (hub id or folder); repeatable")
 QuantOpt = typer.Option("nf4", "--quant", help="verifier weights: nf4, fp4, int8 or none")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda")
@@ -90,9 +92,9 @@ def friendly_errors():
         fail(f"{type(exc).__name__}: {exc}", 1)
 
 
-def load(model: str, ssm: list[str] | None, quant: str, device: str):
-    """-> (LoadedModels, SpeculativeEngine), from spectui's model cache, with its cost cache."""
+def load(run):
+    """A RunSpec -> (LoadedModels, SpeculativeEngine), from spectui's model cache, with its cost cache."""
     from . import paths
     from .engine import load_engine
 
-    return load_engine(model, ssm or (), quant, device, cost_cache=paths.costs_dir(), models_dir=paths.models_dir())
+    return load_engine(run, cost_cache=paths.costs_dir(), models_dir=paths.models_dir())

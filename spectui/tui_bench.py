@@ -18,7 +18,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from .engine import Conversation, EngineWorker, GenerationSettings, LoadRequest, chat_turn, engine_threads, tree_text
+from .engine import Conversation, EngineWorker, GenerationSettings, LoadRequest, RunSpec, chat_turn, engine_threads, tree_text
 
 
 @dataclass
@@ -55,7 +55,7 @@ def run_headless_threads(models, engine, prompt: str, settings: GenerationSettin
         torch.set_num_threads(saved)
 
 
-async def run_session(models, engine, spec: dict, prompts: list[str], settings: GenerationSettings, rounds: int, progress=None):
+async def run_session(models, engine, run: RunSpec, threads: int | None, prompts: list[str], rounds: int, progress=None):
     """One app session; per prompt and round, a headless answer and an app answer, order alternating.
 
     Headless answers run in a thread while the app sits idle (its history goes to a throwaway
@@ -71,7 +71,7 @@ async def run_session(models, engine, spec: dict, prompts: list[str], settings: 
             paths.models_dir().parent.mkdir(parents=True)
             paths.models_dir().symlink_to(models_dir.resolve(), target_is_directory=True)
         try:
-            return await _session(models, engine, spec, prompts, settings, rounds, progress)
+            return await _session(models, engine, run, threads, prompts, rounds, progress)
         finally:
             if saved is None:
                 os.environ.pop("SPECTUI_HOME", None)
@@ -79,18 +79,18 @@ async def run_session(models, engine, spec: dict, prompts: list[str], settings: 
                 os.environ["SPECTUI_HOME"] = saved
 
 
-async def _session(models, engine, spec, prompts, settings, rounds, progress):
+async def _session(models, engine, run, threads, prompts, rounds, progress):
     import torch
 
     from . import paths
     from .chat_app import ChatApp
     from .widgets.token_tree import TokenTreeView
 
-    thread_counts = sorted({torch.get_num_threads(), engine_threads(spec.get("engine_threads"))})
+    settings = run.settings
+    thread_counts = sorted({torch.get_num_threads(), engine_threads(threads)})
     # headless in an engine process of its own, exactly like the app's but with nobody drawing
-    worker = EngineWorker(LoadRequest(spec["model"], tuple(spec.get("ssms", ())), spec["quant"], spec["device"],
-                                       cost_cache=str(paths.costs_dir()), models_dir=str(paths.models_dir()),
-                                       threads=spec.get("engine_threads")))
+    worker = EngineWorker(LoadRequest(run, cost_cache=str(paths.costs_dir()), models_dir=str(paths.models_dir()),
+                                      threads=threads))
     await asyncio.to_thread(worker.wait_loaded)
 
     def run_worker(prompt: str) -> Throughput:
@@ -103,7 +103,7 @@ async def _session(models, engine, spec, prompts, settings, rounds, progress):
 
     overrides = {"max_new_tokens": settings.max_new_tokens, "tree": tree_text(settings.tree_shape),
                  "temperature": 0.0, "speculate": settings.speculate}
-    app = ChatApp(overrides=overrides, **spec)  # loads its own engine process, as `spectui chat` does
+    app = ChatApp(run.model, run.ssms, run.quant, run.device, overrides=overrides, engine_threads=threads)  # as `spectui chat` does
     labels = {n: f"in this process, {n} thread{'s' if n > 1 else ''}" for n in thread_counts}
     headless = {label: [Throughput() for _ in range(rounds)] for label in [*labels.values(), "engine process"]}
     in_app = [Throughput() for _ in range(rounds)]
@@ -146,11 +146,12 @@ def total(throughputs: list[Throughput]) -> Throughput:
     return Throughput(sum(t.tokens for t in throughputs), sum(t.seconds for t in throughputs))
 
 
-def compare(models, engine, spec: dict, prompts: list[str], max_new_tokens: int, rounds: int = 2, progress=None) -> dict:
-    """`spec`: the app's model arguments (model, ssms, quant, device), the same models as `models`."""
-    settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+def compare(models, engine, run: RunSpec, prompts: list[str], rounds: int = 2, progress=None,
+            threads: int | None = None) -> dict:
+    """`run`: what `models` were loaded from, and its settings (greedy); threads: the app's engine process's."""
+    max_new_tokens = run.settings.max_new_tokens
     run_headless(models, engine, prompts[:1], GenerationSettings(max_new_tokens=8))  # warm-up
-    headless, in_app = asyncio.run(run_session(models, engine, spec, prompts, settings, rounds, progress))
+    headless, in_app = asyncio.run(run_session(models, engine, run, threads, prompts, rounds, progress))
     by_setup = {label: total(rounds_) for label, rounds_ in headless.items()}
     best = max(by_setup, key=lambda label: by_setup[label].tokens_per_s)
     h, a = by_setup[best].tokens_per_s, total(in_app).tokens_per_s

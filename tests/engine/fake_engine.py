@@ -35,7 +35,7 @@ def words_for(prompt: str) -> list[str]:
 
 
 def serve(conn, request) -> None:
-    script = request.model
+    script = request.run.model
     sys.stderr = open(request.log_file, "a", buffering=1) if request.log_file else sys.stderr
     conn.send(Progress("faking", 0.5))
     conn.send(Loaded(ModelInfo(model=script, speculators=[], device="cpu", quant="none",

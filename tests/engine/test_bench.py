@@ -27,7 +27,7 @@ from spectui.bench import (
     rotation,
 )
 from spectui.bench_report import PromptResult, Run, format_table, geomean, summarise
-from spectui.engine import PromptFileError
+from spectui.engine import GenerationSettings, PromptFileError, RunSpec
 
 SPECTUI = [sys.executable, "-m", "spectui.cli"]
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vicuna_bench_questions.jsonl"
@@ -254,8 +254,9 @@ def test_run_bench_reruns_a_slow_prompt_in_process(chat_verifier, monkeypatch):
     monkeypatch.setattr(bench, "RERUN_BELOW", 1e9)
     before = torch.get_num_threads()
     try:
-        models, engine = load_engine(str(chat_verifier), (), "none", "cpu")
-        report = bench.run_bench(models, engine, [Prompt("Hi", "greeting")], 2, merge="union", tree=(1,), threads=1)
+        models, engine = load_engine(RunSpec(str(chat_verifier), quant="none", device="cpu"))
+        report = bench.run_bench(models, engine, [Prompt("Hi", "greeting")], GenerationSettings(max_new_tokens=2, tree_shape=(1,)),
+                                 merge="union", threads=1)
     finally:
         torch.set_num_threads(before)
     (row,) = report["per_prompt"]

@@ -12,7 +12,7 @@ from background_turn import BackgroundTurn, ask
 from fake_engine import WORDS, serve, words_for
 
 from spectui.engine.channel import Advance, Chat, Done, Rejected, Step, Stop
-from spectui.engine.settings import GenerationSettings
+from spectui.engine.settings import GenerationSettings, RunSpec
 from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, prepare_engine_process
 
 SETTINGS = GenerationSettings(max_new_tokens=8)
@@ -22,7 +22,7 @@ SETTINGS = GenerationSettings(max_new_tokens=8)
 def running(script: str, **options) -> Iterator[EngineWorker]:
     """A loaded worker over the fake engine running `script`, closed after the block."""
     prepare_engine_process()
-    worker = EngineWorker(LoadRequest(script), serve=serve, **options)
+    worker = EngineWorker(LoadRequest(RunSpec(script)), serve=serve, **options)
     try:
         worker.wait_loaded()
         yield worker
@@ -145,7 +145,7 @@ from spectui.engine import worker
 worker.PRELOAD = (*worker.PRELOAD, "noisy")
 if __name__ == "__main__":
     worker.prepare_engine_process()
-    engine = worker.EngineWorker(worker.LoadRequest("fake"), serve=serve)
+    engine = worker.EngineWorker(worker.LoadRequest(worker.RunSpec("fake")), serve=serve)
     engine.wait_loaded()
     engine.close()
     print("ready")

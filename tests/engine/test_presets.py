@@ -15,7 +15,7 @@ from spectui.engine import loading
 from spectui.engine.chat import Conversation, chat_turn
 from spectui.engine.loading import ModelLoadError, build_engine, drafter_dtype, load_models
 from spectui.engine.presets import HUB_REVISIONS, PLAIN_CHAT_TEMPLATE, PRESETS, ModelSpecError, resolve_model
-from spectui.engine.settings import GenerationSettings
+from spectui.engine.settings import GenerationSettings, RunSpec
 
 
 @pytest.fixture
@@ -66,7 +66,8 @@ def test_load_engine_takes_another_choice_of_speculators(fake_hub, speculators, 
     instead of its own two (only what is chosen is fetched and loaded)."""
     from spectui.engine.loading import load_engine
 
-    models, engine = load_engine("llama-7b", quant="none", device="cpu", models_dir=paths.models_dir(), speculators=speculators)
+    models, engine = load_engine(RunSpec("llama-7b", speculators=speculators, quant="none", device="cpu"),
+                                 models_dir=paths.models_dir())
     assert engine.speculator_names == names and fake_hub == fetched
     assert models.preset.name == "llama-7b"
 

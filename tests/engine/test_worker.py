@@ -10,7 +10,7 @@ from background_turn import BackgroundTurn, ask
 from spectui import paths
 from spectui.engine.chat import chat_turn
 from spectui.engine.loading import build_engine
-from spectui.engine.settings import GenerationSettings
+from spectui.engine.settings import GenerationSettings, RunSpec
 from spectui.engine.channel import Stop
 from spectui.engine.worker import EngineDied, EngineWorker, LoadRequest, WorkerError, prepare_engine_process
 
@@ -20,7 +20,7 @@ QUESTION = "What is the capital of France?"
 @pytest.fixture(scope="module")
 def worker(embedded_dir):
     prepare_engine_process()
-    worker = EngineWorker(LoadRequest("smollm2-135m", models_dir=str(paths.models_dir())))
+    worker = EngineWorker(LoadRequest(RunSpec("smollm2-135m"), models_dir=str(paths.models_dir())))
     worker.wait_loaded()
     yield worker
     worker.close()
@@ -76,7 +76,7 @@ def test_step_mode_waits_for_advance(worker):
 
 def test_loading_failure_is_one_line(embedded_dir, tmp_path):
     prepare_engine_process()
-    worker = EngineWorker(LoadRequest(str(tmp_path / "no-such-model")))
+    worker = EngineWorker(LoadRequest(RunSpec(str(tmp_path / "no-such-model"))))
     with pytest.raises(WorkerError, match="no such file or folder") as failure:
         worker.wait_loaded()
     assert "\n" not in str(failure.value)
@@ -111,7 +111,7 @@ def test_a_dead_engine_process_is_reported(embedded_dir, tmp_path):
     prepare_engine_process()
     log = tmp_path / "engine.log"
     log.write_text("an earlier engine's line\n")
-    worker = EngineWorker(LoadRequest("smollm2-135m", log_file=str(log), models_dir=str(paths.models_dir())))
+    worker = EngineWorker(LoadRequest(RunSpec("smollm2-135m"), log_file=str(log), models_dir=str(paths.models_dir())))
     worker.wait_loaded()
     conversation = ask("Write a long story about a dragon who learns to cook.")
     streamed = []

@@ -115,7 +115,7 @@ async def test_switch_between_prompts_and_while_an_answer_streams(fresh_home, ti
         assert [role for role, _ in messages(record)] == ["user", "assistant"] * 4
     again = ChatApp(autoload=False)  # the next start loads the model picked last
     assert (again.model_spec, again.speculators) == (str(tiny_model), "ngram")
-    assert (again.link.request.model, again.link.request.speculators) == (str(tiny_model), "ngram")
+    assert (again.link.request.run.model, again.link.request.run.speculators) == (str(tiny_model), "ngram")
 
 
 async def test_a_model_that_cannot_load_says_so_in_one_line(fresh_home, tiny_model, tmp_path):

@@ -145,3 +145,16 @@ def test_value_types(tmp_path):
     config = load_config(path)
     assert config.temperature == 1.0 and isinstance(config.temperature, float)  # an integer is a float
     assert config.theme == Config().theme and "theme = 5 ignored" in config.notice  # not a string
+
+
+def test_the_app_run_spec_takes_the_picked_model_unless_a_flag_names_one(tmp_path):
+    """Config.run_spec: the model picked with ctrl+o and its speculators; --model wins, with the preset's
+    own speculators; the generation settings are the config's."""
+    path = tmp_path / "config.toml"
+    save_config(path, {"model": "llama-7b", "speculators": "ngram", "max_new_tokens": 12, "tree": "2,1"})
+    config = load_config(path)
+    picked = config.run_spec(quant="none", device="cpu", seed=3)
+    assert (picked.model, picked.speculators, picked.ssms, picked.quant, picked.device) == ("llama-7b", "ngram", (), "none", "cpu")
+    assert (picked.settings.max_new_tokens, picked.settings.tree_shape, picked.settings.seed) == (12, (2, 1), 3)
+    flagged = config.run_spec("smollm2-135m", ["some/ssm"])
+    assert (flagged.model, flagged.speculators, flagged.ssms) == ("smollm2-135m", "default", ("some/ssm",))
