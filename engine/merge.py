@@ -10,7 +10,8 @@ under prefixes. For a node u of the union, let
 Because every T_s is prefix-closed, src(child) is a subset of src(parent): votes never grow
 going down a branch.
 
-union (SpecInfer):   U = T_0 u T_1 u ... u T_{S-1}, shared prefixes merged, source bits OR-ed.
+union (SpecInfer):   U = T_0 u T_1 u ... u T_{S-1}, shared prefixes merged, source bits OR-ed
+                     (each drafter merges its tree into the step's: TokenTree.merge).
 
 vote (Minions' majority vote, per depth): start from U and keep K_0 = {r}; for d = 1, 2, ...
 
@@ -33,22 +34,9 @@ The policy only changes how many tokens are accepted per verifier step and how b
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from .tree import TokenTree
 
 POLICIES = ("union", "vote")
-
-
-def union_trees(trees: Iterable[TokenTree]) -> TokenTree:
-    """A new tree: the union of `trees` (same root), shared prefixes merged, source bits OR-ed."""
-    trees = list(trees)
-    if not trees:
-        raise ValueError("no trees to merge")
-    out = TokenTree.with_root(trees[0].tokens[0])
-    for tree in trees:
-        out.merge(tree)
-    return out
 
 
 def vote_tree(tree: TokenTree) -> TokenTree:
@@ -86,9 +74,3 @@ def apply_policy(union: TokenTree, policy: str) -> TokenTree:
         return vote_tree(union)
     raise ValueError(f"--merge must be one of {', '.join(POLICIES)}, not {policy!r}")
 
-
-def merge_trees(trees: Iterable[TokenTree], policy: str = "union") -> TokenTree:
-    """The per-speculator trees (same root, each with its own source bit) merged under `policy`."""
-    if policy not in POLICIES:
-        raise ValueError(f"--merge must be one of {', '.join(POLICIES)}, not {policy!r}")
-    return apply_policy(union_trees(trees), policy)

@@ -63,10 +63,6 @@ def read_shard(path: Path) -> list[Example]:
     return [Example(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def read_examples(out: Path) -> list[Example]:
-    return [e for path in sorted(data_dir(out).glob("shard-*.jsonl")) for e in read_shard(path)]
-
-
 def is_held_out(prompt: str, fraction: float) -> bool:
     """A stable split by prompt (a hash, not the order), so a prompt never sits on both sides."""
     return zlib.crc32(normalise(prompt).encode("utf-8")) % 10_000 < fraction * 10_000

@@ -5,8 +5,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectui.engine.merge import apply_policy, merge_trees, union_trees, vote_tree
+from spectui.engine.merge import apply_policy, vote_tree
 from spectui.engine.tree import TokenTree
+
+
+def union_of(trees: list[TokenTree]) -> TokenTree:
+    """The union as a step builds it: each drafter merges its own tree into the step's (TokenTree.merge)."""
+    out = TokenTree.with_root(trees[0].tokens[0])
+    for tree in trees:
+        out.merge(tree)
+    return out
 
 
 def spec(source: int, *paths, probs=None) -> TokenTree:
@@ -42,9 +50,9 @@ def assert_well_formed(tree: TokenTree) -> None:
 def test_agreement_at_depth_one_drops_minority_siblings_and_their_subtrees():
     a = spec(0, [5, 6, 7], [9, 10])  # speculator 0: A=5 and B=9
     b = spec(1, [5, 8], [11, 12, 13])  # speculator 1: A=5 and C=11
-    union = merge_trees([a, b], "union")
+    union = apply_policy(union_of([a, b]), "union")
     assert paths(union) >= {(9, 10), (11, 12, 13)}
-    vote = merge_trees([a, b], "vote")
+    vote = apply_policy(union_of([a, b]), "vote")
     assert_well_formed(vote)
     # depth 1: 5 has 2 votes, 9 and 11 one each -> only 5 survives, with it goes nothing of 9/11
     assert [vote.tokens[c] for c in vote.children(0)] == [5]
@@ -56,15 +64,15 @@ def test_agreement_at_depth_one_drops_minority_siblings_and_their_subtrees():
 def test_no_agreement_equals_union():
     a = spec(0, [5, 6], [7])
     b = spec(1, [8, 9, 10])
-    union = merge_trees([a, b], "union")
-    vote = merge_trees([a, b], "vote")
+    union = apply_policy(union_of([a, b]), "union")
+    vote = apply_policy(union_of([a, b]), "vote")
     assert vote.tokens == union.tokens and vote.parents == union.parents
     assert vote.sources == union.sources and vote.draft_probs == union.draft_probs
 
 
 def test_single_speculator_vote_is_union():
     a = spec(0, [5, 6, 7], [5, 8], [9])
-    vote = merge_trees([a], "vote")
+    vote = apply_policy(union_of([a]), "vote")
     assert paths(vote) == paths(a) and len(vote) == len(a)
 
 
@@ -72,7 +80,7 @@ def test_three_speculators_two_against_one_at_each_depth():
     a = spec(0, [5, 6, 7])
     b = spec(1, [5, 6, 8])
     c = spec(2, [9, 6, 7])
-    vote = merge_trees([a, b, c], "vote")
+    vote = apply_policy(union_of([a, b, c]), "vote")
     assert_well_formed(vote)
     # depth 1: 5 (a, b) beats 9 (c); depth 2: 5->6 has 2 votes alone; depth 3: 7 and 8 tie at 1
     assert paths(vote) == {(5,), (5, 6), (5, 6, 7), (5, 6, 8)}
@@ -85,7 +93,7 @@ def test_max_is_over_the_whole_depth_not_per_parent():
     a = spec(0, [5, 6], [9, 10])
     b = spec(1, [5, 6], [9, 11])
     c = spec(2, [9, 12])
-    vote = merge_trees([a, b, c], "vote")
+    vote = apply_policy(union_of([a, b, c]), "vote")
     # depth 1: 9 has 3 votes, 5 has 2 -> 5 and its subtree go; depth 2 under 9: 10, 11, 12 tie
     assert paths(vote) == {(9,), (9, 10), (9, 11), (9, 12)}
 
@@ -94,7 +102,7 @@ def test_depth_by_depth_on_a_deep_majority():
     a = spec(0, [5, 6, 7, 8], [5, 20])
     b = spec(1, [5, 6, 7, 9])
     c = spec(2, [5, 6, 30])
-    vote = merge_trees([a, b, c], "vote")
+    vote = apply_policy(union_of([a, b, c]), "vote")
     # d1: 5 (3 votes); d2: 6 (3) beats 20 (1); d3: 7 (2) beats 30 (1); d4: 8, 9 tie (1)
     assert paths(vote) == {(5,), (5, 6), (5, 6, 7), (5, 6, 7, 8), (5, 6, 7, 9)}
 
@@ -102,7 +110,7 @@ def test_depth_by_depth_on_a_deep_majority():
 def test_sources_and_probs_are_preserved_and_input_untouched():
     a = spec(0, [5, 6], [9], probs=[0.9, 0.4])
     b = spec(1, [5, 7], probs=[0.3, 0.8])
-    union = union_trees([a, b])
+    union = union_of([a, b])
     before = (list(union.tokens), list(union.parents), list(union.sources), list(union.draft_probs))
     union.verifier_probs[node(union, 5, 7)] = 0.25
     vote = vote_tree(union)
@@ -120,11 +128,11 @@ def test_root_only_and_unknown_policy():
     root = TokenTree.with_root(3)
     assert len(vote_tree(root)) == 1 and vote_tree(root).tokens == [3]
     with pytest.raises(ValueError, match="--merge"):
-        merge_trees([root], "majority")
+        apply_policy(union_of([root]), "majority")
     with pytest.raises(ValueError, match="--merge"):
         apply_policy(root, "intersection")
     with pytest.raises(ValueError):
-        merge_trees([TokenTree.with_root(1), TokenTree.with_root(2)], "vote")
+        apply_policy(union_of([TokenTree.with_root(1), TokenTree.with_root(2)]), "vote")
 
 
 @st.composite
@@ -159,8 +167,8 @@ def brute_vote(trees: list[TokenTree]) -> set[tuple[int, ...]]:
 @settings(max_examples=200, deadline=None)
 @given(speculator_trees())
 def test_vote_is_a_subtree_of_union_and_matches_the_definition(trees):
-    union = merge_trees(trees, "union")
-    vote = merge_trees(trees, "vote")
+    union = apply_policy(union_of(trees), "union")
+    vote = apply_policy(union_of(trees), "vote")
     assert_well_formed(vote)
     assert len(vote) <= len(union)
     assert paths(vote) <= paths(union)  # every vote path is a union path
