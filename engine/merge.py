@@ -34,9 +34,8 @@ The policy only changes how many tokens are accepted per verifier step and how b
 
 from __future__ import annotations
 
+from .settings import MERGE_POLICIES as POLICIES
 from .tree import TokenTree
-
-POLICIES = ("union", "vote")
 
 
 def vote_tree(tree: TokenTree) -> TokenTree:

@@ -15,6 +15,7 @@ AUTO = "auto"  # the tree chosen each step from measured costs and acceptance (a
 DEFAULT_TREE = AUTO
 FIXED_TREE_NODE_BUDGET = 256  # nodes one speculator's fixed expansion may add
 DEFAULT_MERGE = "union"
+MERGE_POLICIES = ("union", "vote")  # how several speculators' trees merge (engine/merge.py applies them)
 MAX_SEED = 2**63 - 1  # torch seeds a generator with a signed 64-bit integer
 
 
@@ -41,8 +42,8 @@ class GenerationSettings:
             raise ValueError(f"--top-p {self.top_p}: must be in (0, 1]")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed {self.seed}: must be an integer from 0 to {MAX_SEED}")
-        if self.merge not in ("union", "vote"):
-            raise ValueError("--merge must be union or vote")
+        if self.merge not in MERGE_POLICIES:
+            raise ValueError(f"--merge must be {' or '.join(MERGE_POLICIES)}")
 
     @property
     def greedy(self) -> bool:
