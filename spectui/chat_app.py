@@ -27,7 +27,7 @@ from . import paths
 from .app import SpecTuiApp
 from .config import GENERATION, ConfigError, save_config
 from .documents import DocumentError, expand_file_commands
-from .engine import GenerationSettings, prepare_engine_process
+from .engine import GenerationSettings, RunSpec, prepare_engine_process
 from .engine_link import EngineLink
 from .history_actions import HistoryActions
 from .message_actions import MessageActions
@@ -65,12 +65,9 @@ class ChatApp(HistoryActions, MessageActions, ModelActions, SpecTuiApp):
         engine_threads: int | None = None,  # torch threads of the engine process (None: every core)
     ) -> None:
         super().__init__(overrides, step_mode)
-        self.ssm_specs, self.quant, self.device_spec = tuple(ssms), quant, device
         self.seed, self.system_override, self.trace = seed, system, trace
         self.info = None  # ModelInfo of the loaded models
-        run = self.config.run_spec(model, self.ssm_specs, quant, device, seed)
-        self.model_spec, self.speculators = run.model, run.speculators
-        self.link = EngineLink(self, run, trace, engine_threads)
+        self.link = EngineLink(self, self.config.run_spec(model, tuple(ssms), quant, device, seed), trace, engine_threads)
         self.load_error: str | None = None
         self.generating = False
         self.store: Store | None = None
@@ -100,11 +97,16 @@ class ChatApp(HistoryActions, MessageActions, ModelActions, SpecTuiApp):
         if self.record is not None:
             await self.open_conversation(self.record.id)
         self.refresh_prompt_history()
-        chat.status.model = self.model_spec
+        chat.status.model = self.run_spec.model
         if not self.autoload:
             return
         self.set_interval(1.0, self.link.check)  # an engine that dies between turns is noticed
         self.start_engine()
+
+    @property
+    def run_spec(self) -> RunSpec:
+        """What the engine process loads: the link's, which a model switch replaces."""
+        return self.link.request.run
 
     def start_engine(self) -> bool:
         """Start the engine process unless one is starting or running (Retry, Restart, start-up)."""
@@ -112,7 +114,7 @@ class ChatApp(HistoryActions, MessageActions, ModelActions, SpecTuiApp):
             return False
         self.load_error = None
         self.chat.status.state = "loading…"
-        self.push_screen(LoadingScreen(f"Loading {self.model_spec} ({self.quant})"))
+        self.push_screen(LoadingScreen(f"Loading {self.run_spec.model} ({self.run_spec.quant})"))
         return True
 
     def on_load_progress(self, message: LoadProgress) -> None:

@@ -1,6 +1,6 @@
 """ModelActions: switching the model and its speculators inside the app (ctrl+o, the model picker).
 
-A mixin of ChatApp (chat_app.py), which holds `link`, `model_spec`, `speculators`, `chat` and the
+A mixin of ChatApp (chat_app.py), which holds `link` (and `run_spec`, what it loads), `chat` and the
 config. The picker (screens/models.py) returns a model and a speculator choice; the app closes the
 engine process and starts one for them on the path ctrl+e takes (EngineLink.switch, then
 `start_engine`: the loading screen, ModelsLoaded or LoadFailed). The conversation stays as it is
@@ -21,7 +21,7 @@ class ModelActions:
     model_to_save: tuple[str, str] | None = None  # the picker's choice, saved once it has loaded
 
     def action_pick_model(self) -> None:
-        self.push_screen(ModelPickerScreen(self.model_spec, self.speculators), self.on_model_picked)
+        self.push_screen(ModelPickerScreen(self.run_spec.model, self.run_spec.speculators), self.on_model_picked)
 
     async def on_model_picked(self, choice: tuple[str, str] | None) -> None:
         if choice:
@@ -29,7 +29,7 @@ class ModelActions:
 
     async def switch_model(self, model: str, speculators: str) -> None:
         """Close the engine (ready, loading, failed or dead) and start one for this model."""
-        self.model_spec, self.speculators, self.model_to_save = model, speculators, (model, speculators)
+        self.model_to_save = (model, speculators)
         self.link.switch(model, speculators)
         self.info = None
         status = self.chat.status

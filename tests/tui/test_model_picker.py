@@ -114,7 +114,7 @@ async def test_switch_between_prompts_and_while_an_answer_streams(fresh_home, ti
         await ask(app, pilot, "fourth question")
         assert [role for role, _ in messages(record)] == ["user", "assistant"] * 4
     again = ChatApp(autoload=False)  # the next start loads the model picked last
-    assert (again.model_spec, again.speculators) == (str(tiny_model), "ngram")
+    assert (again.run_spec.model, again.run_spec.speculators) == (str(tiny_model), "ngram")
     assert (again.link.request.run.model, again.link.request.run.speculators) == (str(tiny_model), "ngram")
 
 
