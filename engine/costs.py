@@ -49,7 +49,7 @@ WINDOW = 16  # observations per median
 PRIOR = 3  # a window starts with this many copies of the load-time value: one or two wild steps move nothing
 EMA = 0.1  # weight of one new observation in the drafting costs' moving averages
 DRAFT_CLIP = 3.0  # an observed forward counts as at most this many times the estimate
-CACHE_VERSION = 13  # 13: the feature head's layer in one C call (kernels/head_layer.c); 12: drafters' output layers in int8 (dense_cpu.Int8Kernel); 11: the screen's candidates with AVX-512, rows in threads; 10: the int8 screen blocked, for every row count; 9: the int8 screen (screen_int8.c); 8: the verifier's glue in C (glue_cpu.c); 7: the screen reads x_hi alone, one column a row; 6: the output screen through dense_cpu.c where AVX512-BF16 lacks AMX; 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
+CACHE_VERSION = 14  # 14: a chain of drafts verified as a causal pass, no tree mask; 13: the feature head's layer in one C call (kernels/head_layer.c); 12: drafters' output layers in int8 (dense_cpu.Int8Kernel); 11: the screen's candidates with AVX-512, rows in threads; 10: the int8 screen blocked, for every row count; 9: the int8 screen (screen_int8.c); 8: the verifier's glue in C (glue_cpu.c); 7: the screen reads x_hi alone, one column a row; 6: the output screen through dense_cpu.c where AVX512-BF16 lacks AMX; 5: bf16 drafters on dense_cpu.c (AVX512-BF16); 2: SSMs draft in bf16 on CPUs with AVX512-BF16; 3: the key names the 4-bit path; 4: drafters on dense_cpu.c, the AVX2 screen
 
 
 def interpolate(points: list[tuple[int, float]], size: int) -> float:

@@ -238,7 +238,10 @@ class SpeculativeEngine:
         return apply_policy(tree, settings.merge)
 
     def score_tree(self, tree: TokenTree) -> torch.Tensor:
-        if len(tree) == 1:  # incremental decoding: a plain one-token step
+        # The root alone (incremental decoding) or a chain of drafts is a causal pass: no tree mask
+        # to build, and the attention's causal path. The same logits, bit for bit: the exact
+        # attention's output depends only on the keys a row sees (kernels/exact_attention.py).
+        if tree.is_chain:
             return self.verifier.forward_chain(tree.tokens)
         return self.verifier.forward_tree(tree)
 

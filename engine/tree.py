@@ -47,6 +47,12 @@ class TokenTree:
         self.evidence.append(dict(evidence or {}))
         return len(self.tokens) - 1
 
+    @property
+    def is_chain(self) -> bool:
+        """Every node's parent is the node before it: the tree is one causal chain, so positions
+        are prefix_len + i and the ancestor mask is lower-triangular (a plain causal pass)."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
 

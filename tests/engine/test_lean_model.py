@@ -62,6 +62,26 @@ def same_passes(model, prompt: list[int], argmax_only: bool = False) -> int:
     return checked
 
 
+def test_a_chain_tree_scores_as_a_causal_pass_bit_for_bit(embedded_models):
+    """The engine verifies a chain of drafts through forward_chain (SpeculativeEngine.score_tree):
+    every row's logits are the tree pass's, bit for bit, at every chain length."""
+    m = embedded_models
+    lean = LeanModel(m.verifier)
+    prompt = m.tokenizer.encode("Rivers carve their valleys slowly, one flood at a time. " * 8)[:90]
+    lean.forward_chain(prompt[:-1], last_only=True)
+    base = lean.length
+    for size in (2, 3, 5):
+        tree = TokenTree.with_root(prompt[-1])
+        tree.add_path(prompt[10 : 9 + size], 0)
+        assert tree.is_chain
+        as_tree = lean.forward_tree(tree)  # [size, V]
+        lean.crop(base)
+        as_chain = lean.forward_chain(tree.tokens)  # [size, V]
+        lean.crop(base)
+        assert as_tree.shape == as_chain.shape == (size, as_tree.shape[1])
+        assert torch.equal(as_tree, as_chain), f"size {size}: max diff {(as_tree - as_chain).abs().max()}"
+
+
 def test_lean_passes_match_transformers_on_the_embedded_verifier(embedded_models):
     m = embedded_models
     assert supports(m.verifier)

@@ -1,5 +1,6 @@
 """TokenTree: masks and positions against brute force on random trees; merging keeps sources."""
 
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,16 @@ def test_mask_and_positions_match_brute_force(tree, prefix):
         assert {j for j in range(n) if mask[i, j]} == expected
         assert full[0, 0, i, prefix:].tolist() == mask[i].tolist()
         assert positions[i] == prefix + len(expected) - 1  # depth = number of proper ancestors
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_trees(), st.integers(0, 20))
+def test_a_chain_is_exactly_a_causal_pass(tree, prefix):
+    """is_chain holds iff the tree's positions and mask are a causal pass's (what score_tree relies on)."""
+    n = len(tree)
+    causal = tree.position_ids(prefix).tolist() == list(range(prefix, prefix + n)) and bool(
+        tree.ancestor_mask().equal(torch.ones(n, n, dtype=torch.bool).tril()))
+    assert tree.is_chain == causal
 
 
 @settings(max_examples=100, deadline=None)
