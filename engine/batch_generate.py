@@ -27,6 +27,15 @@ Two things keep a step from paying for rows that do no work:
   * finished rows leave: once a quarter of a group's rows are finished, the cache keeps only the
     others (LeanModel.keep_rows).
 
+Feature data as it goes (`on_rows`, for a feature drafter's training: engine/tune/features.py).
+The verifier's final hidden state and top-k next tokens at every position of prompt + answer are
+what a teacher-forced pass over the finished sequence would compute (the hidden states and the
+tokens bit for bit: rows are independent, below; their log-probabilities to float32 rounding, as the
+output layer's product may round differently for one row and for many), and decoding computes them
+already: the prefill for the prompt's rows, each step for the token it feeds. So they are kept as
+decoding goes, with no second pass. The last answer token is never fed (nothing follows it), so a
+sequence's rows are prompt + answer[:-1].
+
 Neither changes an answer: LeanModel's rows are independent of one another (the exact attention and
 the 4-bit kernel compute each row alone; the output layer's argmax is exact, kernels/guarded_head.py).
 """
@@ -34,6 +43,7 @@ the 4-bit kernel compute each row alone; the output layer's argmax is exact, ker
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -75,25 +85,30 @@ def plan_groups(lengths: list[int], new_tokens: int, cost: StepCost = StepCost()
 def generate_batch(
     runner, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int], greedy: bool = True,
     temperature: float = 1.0, top_p: float = 1.0, generator: torch.Generator | None = None,
-    groups: list[list[int]] | None = None,
+    groups: list[list[int]] | None = None, on_rows: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> list[tuple[list[int], bool]]:
     """Per prompt: (answer ids, up to and including its stop token; whether a stop token came).
 
     runner: a LeanModel (reset here, and left holding the last group); groups: lists of prompt
-    indices decoded together (default plan_groups)."""
+    indices decoded together (default plan_groups); on_rows(b, logits [n, V], hidden [n, H]): the
+    verifier's rows for prompt b as they are computed, its prompt's first, then one a step for the
+    token fed (after its stop token a row may go on being fed: rows past prompt + answer[:-1] are
+    not the answer's)."""
     results: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
     for group in groups or plan_groups([len(p) for p in prompts], max_new_tokens):
+        rows = None if on_rows is None else (lambda r, logits, hidden, group=group: on_rows(group[r], logits, hidden))
         answers = decode_group(runner, [prompts[b] for b in group], max_new_tokens, set(stop_ids),
-                               greedy, temperature, top_p, generator)
+                               greedy, temperature, top_p, generator, rows)
         for b, answer in zip(group, answers):
             results[b] = answer
     return results
 
 
-def decode_group(runner, prompts, max_new_tokens, stops, greedy, temperature, top_p, generator):
+def decode_group(runner, prompts, max_new_tokens, stops, greedy, temperature, top_p, generator, on_rows=None):
     B, W = len(prompts), max(map(len, prompts))
     valid = torch.tensor([[False] * (W - len(p)) + [True] * len(p) for p in prompts])  # [B, W]
-    logits = runner.prefill_left_padded(prompts)  # [B, V]: each prompt alone, into the batch's cache
+    runner.keep_hidden = on_rows is not None
+    logits = runner.prefill_left_padded(prompts, on_rows)  # [B, V]: each prompt alone, into the batch's cache
     answers: list[list[int]] = [[] for _ in prompts]
     finished = [False] * B
     live = list(range(B))  # the prompts the cache's rows hold, in order
@@ -117,4 +132,8 @@ def decode_group(runner, prompts, max_new_tokens, stops, greedy, temperature, to
         valid = torch.cat([valid, torch.ones(len(live), 1, dtype=torch.bool)], dim=1)  # [rows, S]
         last = last + 1
         logits = runner.run(tokens[:, None], last, valid[:, None, None, :], last_only=True)[:, -1]  # [rows, V]
+        if on_rows is not None:  # the rows of the tokens just fed
+            for r, b in enumerate(live):
+                on_rows(b, logits[r : r + 1], runner.hidden[r])  # [1, V], [1, H]
+    runner.keep_hidden = False
     return [(answer, done) for answer, done in zip(answers, finished)]

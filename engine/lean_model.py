@@ -278,7 +278,7 @@ class LeanModel:
         return self.head(h).float()
 
     @torch.inference_mode()
-    def prefill_left_padded(self, prompts: list[list[int]]) -> torch.Tensor:
+    def prefill_left_padded(self, prompts: list[list[int]], every_row=None) -> torch.Tensor:
         """Start B sequences left-padded to the longest prompt (W tokens), each prefilled alone.
 
         A batched prefill computes attention over the padding too ([B, W, W] per head: most of a
@@ -286,12 +286,18 @@ class LeanModel:
         causal path (no mask, blocks of queries). Prompt b's key/values land in columns
         [W - len_b, W) of the batch cache at positions 0 .. len_b - 1, where a left-padded batch puts
         them; padding columns hold zeros that the caller masks. Returns the logits after each prompt,
-        [B, V]."""
+        [B, V]. every_row(b, logits [len_b, V], hidden [len_b, H]): called with every row of prompt b
+        (hidden: `keep_hidden` must be set), for feature data (batch_generate.py)."""
         B, W = len(prompts), max(map(len, prompts))
         rows, batch = [], None
         for b, prompt in enumerate(prompts):
             self.reset()
-            rows.append(self.forward_chain(list(prompt), last_only=True))  # [1, V]
+            if every_row is None:
+                rows.append(self.forward_chain(list(prompt), last_only=True))  # [1, V]
+            else:
+                logits = self.forward_chain(list(prompt))  # [len_b, V]
+                every_row(b, logits, self.hidden[0])
+                rows.append(logits[-1:])
             if batch is None:
                 batch = torch.zeros(*self.kv.shape[:2], B, *self.kv.shape[3:4], max(self.kv.shape[4], W),
                                     self.head_dim, dtype=self.cache_dtype)  # [L, 2, B, Hkv, capacity, D]

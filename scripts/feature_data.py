@@ -1,9 +1,10 @@
-"""Make feature-drafter training data in the background: verifier answers, then its features.
+"""Make feature-drafter training data in the background: verifier answers and its features.
 
 For prompts from ../shared/data/tune_prompts.jsonl.gz, taken round-robin over its categories (any
 prefix of the run is balanced), one shard of BATCH prompts at a time: the verifier answers them
 (engine/tune/data.answer_batch, LeanModel batched decoding, greedy and sampled batches alternating),
-then one teacher-forced pass per sequence keeps its features (engine/tune/features.py). Resumable:
+keeping the verifier's features as it decodes (engine/tune/features.py FeatureRows: the rows a
+teacher-forced pass would give over prompt + answer[:-1], with no second pass). Resumable:
 a shard or feature file that exists is complete and skipped.
 
     nohup .venv/bin/python scripts/feature_data.py --out /work/feat --tokens 400000 > /work/feat.log 2>&1 &
@@ -29,7 +30,7 @@ from spectui.engine.loading import load_models
 from spectui.engine.presets import resolve_model
 from spectui.engine.chat import ContextError
 from spectui.engine.tune.data import Example, answer_batch, prompt_ids, read_shard, shard_path, write_shard
-from spectui.engine.tune.features import features_path, write_features
+from spectui.engine.tune.features import FeatureRows, features_path, save_kept_features, write_features
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "data" / "tune_prompts.jsonl.gz"
@@ -76,6 +77,7 @@ def main() -> int:
     done, total, index, began = 0, 0, 0, time.perf_counter()
     while (args.prompt_only or done < args.tokens) and index * args.batch < len(prompts):
         path = shard_path(args.out, index)
+        positions = 0
         if path.exists():
             shard = read_shard(path)
         elif args.prompt_only:
@@ -91,12 +93,13 @@ def main() -> int:
                 except ContextError:
                     continue
             torch.manual_seed(args.seed * 1_000_003 + index)
-            answers = answer_batch(models.verifier, [ids for _, ids in rendered], mode, cfg, stop, runner)
+            kept = FeatureRows()  # the features as the answers are decoded: no second pass
+            answers = answer_batch(models.verifier, [ids for _, ids in rendered], mode, cfg, stop, runner, kept.add)
             shard = [Example(t, ids, a, mode, fin) for (t, ids), (a, fin) in zip(rendered, answers)]
+            positions = save_kept_features(features_path(args.out, index), shard, kept)
             write_shard(path, shard)
         fpath = features_path(args.out, index)
-        positions = 0
-        if not fpath.exists():
+        if not fpath.exists():  # a shard answered before its features were kept (an older run)
             positions = write_features(fpath, shard, runner)
         done += sum(len(e.answer_ids) for e in shard)
         total += positions

@@ -95,14 +95,15 @@ def prompt_ids(tokenizer, prompt: str, context_window: int, max_answer_tokens: i
 
 @torch.no_grad()
 def answer_batch(verifier, prompts: list[list[int]], mode: str, cfg, stop_ids: list[int],
-                 runner=None) -> list[tuple[list[int], bool]]:
+                 runner=None, on_rows=None) -> list[tuple[list[int], bool]]:
     """Left-padded batched generate -> per prompt (answer ids up to and including the stop token, finished).
 
     runner: a LeanModel of the verifier (engine/batch_generate.py: greedy answers identical to
-    transformers' generate, faster where prompts differ in length); None: transformers' generate."""
+    transformers' generate, faster where prompts differ in length); None: transformers' generate.
+    on_rows: the verifier's rows as they are computed (batch_generate.generate_batch; with a runner)."""
     if runner is not None:
         return generate_batch(runner, prompts, cfg.max_answer_tokens, stop_ids, greedy=mode == "greedy",
-                              temperature=cfg.sample_temperature, top_p=cfg.sample_top_p)
+                              temperature=cfg.sample_temperature, top_p=cfg.sample_top_p, on_rows=on_rows)
     pad = stop_ids[0]
     width = max(map(len, prompts))
     x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, W], left padded

@@ -19,6 +19,7 @@ written to a temp file and renamed, so a file that exists is complete and a resu
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -52,6 +53,35 @@ def write_features(path: Path, examples, runner, k: int = K) -> int:
     `runner` (a LeanModel). -> positions written."""
     feats = [feature_pass(runner, list(e.prompt_ids) + list(e.answer_ids), k) for e in examples]
     return save_features(path, examples, feats)
+
+
+class FeatureRows:
+    """A shard's feature rows kept while batched decoding makes its answers (batch_generate.py
+    `on_rows`), instead of a teacher-forced pass afterwards, at no extra forward: the same hidden
+    states and top tokens, bit for bit, and their log-probabilities to float32 rounding."""
+
+    def __init__(self, k: int = K) -> None:
+        self.k = k
+        self.rows: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    def add(self, b: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Prompt b's next rows: logits [n, V], hidden [n, H]."""
+        top_ids, top_logp = top_rows(logits, self.k)
+        self.rows.setdefault(b, []).append((hidden.to(torch.bfloat16), top_ids, top_logp))
+
+    def of(self, b: int, prompt_len: int, answer_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prompt b's (hidden [L, H], top_ids [L, k], top_logp [L, k]) over prompt + answer[:-1]:
+        L = prompt_len + max(answer_len - 1, 0). The last answer token is never fed, so it has no row."""
+        n = prompt_len + max(answer_len - 1, 0)
+        parts = self.rows[b]
+        return tuple(torch.cat([part[i] for part in parts])[:n] for i in range(3))
+
+
+def save_kept_features(path: Path, examples, kept: FeatureRows) -> int:
+    """Write a shard's features from the rows kept while answering: each sequence is prompt +
+    answer[:-1] (what has rows). -> positions."""
+    trimmed = [replace(e, answer_ids=list(e.answer_ids)[:-1]) for e in examples]
+    return save_features(path, trimmed, [kept.of(b, len(e.prompt_ids), len(e.answer_ids)) for b, e in enumerate(examples)])
 
 
 def save_features(path: Path, examples, feats) -> int:

@@ -12,7 +12,8 @@ import torch
 from spectui.engine.batch_generate import generate_batch
 from spectui.engine.lean_model import LeanModel
 from spectui.engine.loading import load_causal_lm
-from spectui.engine.tune.data import answer_batch
+from spectui.engine.tune.data import Example, answer_batch
+from spectui.engine.tune.features import FeatureRows, feature_pass, read_features, save_kept_features
 from spectui.kernels.hf_attention import register_tree_attention
 
 
@@ -74,3 +75,30 @@ def test_groups_and_finished_rows_leave_answers_unchanged(tiny_dirs):
     for (answer, done), (full, _) in zip(ended, whole):
         assert answer == full[: len(answer)] and (done or len(answer) == Settings.max_answer_tokens)
     assert sum(done for _, done in ended) >= 3 and ended[3][0] == whole[3][0][: len(ended[3][0])]
+
+
+def test_features_kept_while_decoding_are_a_teacher_forced_pass(tiny_dirs, tmp_path):
+    """FeatureRows (engine/tune/features.py) keeps the verifier's rows as batched decoding computes
+    them: a teacher-forced pass's over prompt + answer[:-1] (hidden states and top tokens bit for bit),
+    for rows that stop early (the cache drops them) and rows decoded in other groups."""
+    model = tiny_verifier(tiny_dirs)
+    runner = LeanModel(model)
+    whole = generate_batch(runner, prompts(), Settings.max_answer_tokens, [0])
+    stops = [0] + [answer[2] for answer, _ in whole[:2]]  # two rows end at their third token
+    kept = FeatureRows(k=4)
+    answers = generate_batch(runner, prompts(), Settings.max_answer_tokens, stops, groups=[[2, 0], [3, 1]], on_rows=kept.add)
+    assert answers == generate_batch(runner, prompts(), Settings.max_answer_tokens, stops)  # keeping changes no answer
+    assert sum(done for _, done in answers) >= 2
+    for b, (prompt, (answer, _)) in enumerate(zip(prompts(), answers)):
+        rows = kept.of(b, len(prompt), len(answer))
+        reference = feature_pass(LeanModel(model), prompt + answer[:-1], k=4)
+        assert rows[0].shape[0] == len(prompt) + len(answer) - 1
+        assert torch.equal(rows[0], reference[0]) and torch.equal(rows[1], reference[1]), f"prompt {b}"  # hidden, top ids
+        # log-probabilities: the output layer's float32 product may round differently for 1 row and for many
+        torch.testing.assert_close(rows[2], reference[2], rtol=2**-10, atol=2**-14)
+    examples = [Example("", p, a, "greedy", done) for p, (a, done) in zip(prompts(), answers)]
+    path = tmp_path / "part-00000.safetensors"
+    positions = save_kept_features(path, examples, kept)
+    saved = read_features(path)
+    assert positions == sum(len(p) + len(a) - 1 for p, (a, _) in zip(prompts(), answers)) == len(saved["hidden"])
+    assert saved["ids"].tolist() == [t for p, (a, _) in zip(prompts(), answers) for t in p + a[:-1]]
