@@ -32,6 +32,7 @@ import torch
 from ..batch_generate import generate_batch
 from ..chat import ContextError, Conversation
 from ..lean_model import LeanModel, supports
+from .features import FeatureRows, features_path, kept_features_dir, save_kept_features
 from .magpie import normalise
 
 
@@ -163,9 +164,13 @@ def collect_answers(
                     log(f"data: prompt skipped, it does not fit the context window: {text[:60]!r}")
             torch.manual_seed(cfg.seed * 1_000_003 + index)  # sampled batches are reproducible
             began = time.perf_counter()
-            answers = answer_batch(models.verifier, [ids for _, ids in rendered], mode, cfg, stop_ids, runner) if rendered else []
-            seconds += time.perf_counter() - began
+            kept = FeatureRows() if getattr(cfg, "feature_head", False) and runner is not None else None
+            answers = answer_batch(models.verifier, [ids for _, ids in rendered], mode, cfg, stop_ids, runner,
+                                   None if kept is None else kept.add) if rendered else []
             shard = [Example(t, ids, a, mode, fin) for (t, ids), (a, fin) in zip(rendered, answers)]
+            if kept is not None and shard:  # the feature head's rows, kept as the answers were decoded
+                save_kept_features(features_path(kept_features_dir(out), index), shard, kept)
+            seconds += time.perf_counter() - began
             fresh += sum(len(a) for a, _ in answers)
             write_shard(path, shard)
         new = sum(len(e.answer_ids) for e in shard)

@@ -2,9 +2,11 @@
 
 Two steps after the answers stage, both resumable:
 
-1. features: one teacher-forced verifier pass per training sequence (prompt + answer) keeps its
-   final hidden states and top-4 next tokens (features.py), FEATURE_CHUNK sequences a file in
-   OUT/features/; a file on disk is complete (written to a temp name, then renamed) and is reused.
+1. features: the verifier's final hidden states and top-4 next tokens over each training sequence
+   (features.py), FEATURE_CHUNK sequences a file in OUT/features/; a file on disk is complete
+   (written to a temp name, then renamed) and is reused. The answers stage keeps them as it decodes
+   (OUT/answer-rows/, over prompt + answer[:-1]: the last answer token is never fed); a sequence
+   answered without them (a run started without --feature-head) gets one teacher-forced pass.
    With --feature-prompts N, also over N prompts the verifier did not answer, their rendered text
    alone (OUT/prompt-features/features/): the head models the verifier's dynamics, which its
    features over any text show, at prefill speed (the shipped head's recipe, ssms/README.md).
@@ -31,21 +33,24 @@ from ..chat import ContextError
 from ..lean_model import LeanModel
 from .data import Example, is_held_out, prompt_ids
 from .feature_train import FeatureTrainConfig, draft_vocabulary, load_parts, train_head
-from .features import features_path, write_features
+from .features import KeptRows, features_path, kept_features_dir, write_features
 
 FEATURE_CHUNK = 64  # training sequences per features file
 FOLDER = "feature-head"
 PROMPT_FOLDER = "prompt-features"
 
 
-def write_all_features(models, examples, out: Path, log, what: str = "training sequences") -> int:
-    """OUT/features/part-*.safetensors for the examples; -> files written now."""
+def write_all_features(models, examples, out: Path, log, what: str = "training sequences",
+                       kept: Path | None = None) -> int:
+    """OUT/features/part-*.safetensors for the examples, from the rows kept while answering (`kept`:
+    data.collect_answers keeps them with --feature-head) or teacher-forced passes; -> files written now."""
     runner = LeanModel(models.verifier)
+    rows = KeptRows(kept) if kept is not None and kept.is_dir() else None
     written, files, began = 0, -(-len(examples) // FEATURE_CHUNK), time.perf_counter()
     for index in range(0, len(examples), FEATURE_CHUNK):
         path = features_path(out, index // FEATURE_CHUNK)
         if not path.exists():
-            positions = write_features(path, examples[index : index + FEATURE_CHUNK], runner)
+            positions = write_features(path, examples[index : index + FEATURE_CHUNK], runner, kept=rows)
             written += 1
             log(f"feature head: features file {index // FEATURE_CHUNK + 1}/{files}, {positions} positions "
                 f"({time.perf_counter() - began:.0f} s)")
@@ -91,7 +96,7 @@ def tune_feature_head(models, train_examples, cfg, out: Path, log, after_step=No
         log(f"feature head: finished earlier, reusing {folder}")
         return json.loads((folder / "spectui-tune.json").read_text(encoding="utf-8"))
     verifier = models.verifier
-    write_all_features(models, train_examples, out, log)
+    write_all_features(models, train_examples, out, log, kept=kept_features_dir(out))
     parts = load_parts(out / "features")
     if prompts:
         write_all_features(models, prompt_examples(models, list(prompts), cfg, template, log), out / PROMPT_FOLDER, log,

@@ -34,6 +34,40 @@ def features_path(out: Path, index: int) -> Path:
     return Path(out) / "features" / f"part-{index:05d}.safetensors"
 
 
+def kept_features_dir(out: Path) -> Path:
+    """Where `spectui tune --feature-head` keeps the rows of each answer shard (its features/part-N
+    for OUT/data's shard N), made as the answers were decoded."""
+    return Path(out) / "answer-rows"
+
+
+class KeptRows:
+    """The rows kept while answering (kept_features_dir), found by sequence: prompt + answer[:-1]."""
+
+    def __init__(self, folder: Path) -> None:
+        self.where: dict[tuple[int, ...], tuple[Path, int, int]] = {}
+        self._file: tuple[Path, dict] | None = None
+        from safetensors import safe_open
+
+        for path in sorted((Path(folder) / "features").glob("part-*.safetensors")):
+            with safe_open(str(path), "pt") as f:
+                ids, starts = f.get_tensor("ids").tolist(), f.get_tensor("starts").tolist()
+            for s, e in zip(starts[:-1], starts[1:]):
+                self.where[tuple(ids[s:e])] = (path, s, e)
+
+    def rows(self, example) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(hidden, top_ids, top_logp) over prompt + answer[:-1], or None if none were kept for it."""
+        if not example.answer_ids:
+            return None
+        found = self.where.get(tuple(list(example.prompt_ids) + list(example.answer_ids)[:-1]))
+        if found is None:
+            return None
+        path, s, e = found
+        if self._file is None or self._file[0] != path:  # examples come in shard order: one file at a time
+            self._file = (path, read_features(path))
+        data = self._file[1]
+        return data["hidden"][s:e], data["top_ids"][s:e], data["top_logp"][s:e]
+
+
 @torch.inference_mode()
 def feature_pass(runner, ids: list[int], k: int = K) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (hidden [L, H] bf16, top_ids [L, k] int32, top_logp [L, k] fp16) of the verifier over `ids`.
@@ -48,11 +82,20 @@ def feature_pass(runner, ids: list[int], k: int = K) -> tuple[torch.Tensor, torc
     return hidden, top_ids, top_logp
 
 
-def write_features(path: Path, examples, runner, k: int = K) -> int:
+def write_features(path: Path, examples, runner, k: int = K, kept: "KeptRows | None" = None) -> int:
     """One file for a shard of Examples (prompt_ids + answer_ids each), from teacher-forced passes of
-    `runner` (a LeanModel). -> positions written."""
-    feats = [feature_pass(runner, list(e.prompt_ids) + list(e.answer_ids), k) for e in examples]
-    return save_features(path, examples, feats)
+    `runner` (a LeanModel), or from the rows kept while answering (`kept`, over prompt +
+    answer[:-1]) where it holds them. -> positions written."""
+    written, feats = [], []
+    for e in examples:
+        rows = None if kept is None else kept.rows(e)
+        if rows is None:
+            written.append(e)
+            feats.append(feature_pass(runner, list(e.prompt_ids) + list(e.answer_ids), k))
+        else:
+            written.append(replace(e, answer_ids=list(e.answer_ids)[:-1]))
+            feats.append(rows)
+    return save_features(path, written, feats)
 
 
 class FeatureRows:

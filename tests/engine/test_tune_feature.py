@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from spectui.cli import app
@@ -23,6 +24,8 @@ from spectui.engine.loading import build_engine, load_models
 from spectui.engine.presets import resolve_model
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.tune.config import TuneConfig
+from spectui.engine.tune.feature_train import load_parts
+from spectui.engine.tune.features import KeptRows, read_features
 from spectui.engine.tune.pipeline import run_tune
 
 from tiny_models import assert_same_weights
@@ -52,6 +55,14 @@ def test_the_head_is_trained_and_reported(tuned):
     info = json.loads((folder / "spectui-tune.json").read_text())
     assert info["draft_vocab"] == 512 and info["steps"] >= 2 and info["positions"] > 0
     assert len(list((tuned / "features").glob("part-*.safetensors"))) >= 1
+    # the answers stage kept the verifier's rows as it decoded; every training sequence's features are those
+    kept = KeptRows(tuned / "answer-rows")
+    assert kept.where
+    for part in load_parts(tuned / "features"):
+        ids, starts = part["ids"].tolist(), part["starts"].tolist()
+        for s, e in zip(starts[:-1], starts[1:]):
+            path, ks, ke = kept.where[tuple(ids[s:e])]
+            assert torch.equal(part["hidden"][s:e], read_features(path)["hidden"][ks:ke])
     assert not (tuned / "teacher").exists()  # no SSM to learn from the verifier's soft targets: none computed
     report = json.loads((tuned / "report.json").read_text())
     entry = next(e for e in report["ssms"] if e["name"] == "feature-head")
