@@ -164,7 +164,7 @@ def collect_answers(
                     log(f"data: prompt skipped, it does not fit the context window: {text[:60]!r}")
             torch.manual_seed(cfg.seed * 1_000_003 + index)  # sampled batches are reproducible
             began = time.perf_counter()
-            kept = FeatureRows() if getattr(cfg, "feature_head", False) and runner is not None else None
+            kept = FeatureRows() if cfg.feature_head and runner is not None else None
             answers = answer_batch(models.verifier, [ids for _, ids in rendered], mode, cfg, stop_ids, runner,
                                    None if kept is None else kept.add) if rendered else []
             shard = [Example(t, ids, a, mode, fin) for (t, ids), (a, fin) in zip(rendered, answers)]

@@ -34,6 +34,12 @@ def features_path(out: Path, index: int) -> Path:
     return Path(out) / "features" / f"part-{index:05d}.safetensors"
 
 
+def kept_sequence(example):
+    """The example as far as rows are kept while answering: prompt + answer[:-1] (the last answer
+    token is never fed, so it has no row)."""
+    return replace(example, answer_ids=list(example.answer_ids)[:-1])
+
+
 def kept_features_dir(out: Path) -> Path:
     """Where `spectui tune --feature-head` keeps the rows of each answer shard (its features/part-N
     for OUT/data's shard N), made as the answers were decoded."""
@@ -58,7 +64,8 @@ class KeptRows:
         """(hidden, top_ids, top_logp) over prompt + answer[:-1], or None if none were kept for it."""
         if not example.answer_ids:
             return None
-        found = self.where.get(tuple(list(example.prompt_ids) + list(example.answer_ids)[:-1]))
+        kept = kept_sequence(example)
+        found = self.where.get(tuple(list(kept.prompt_ids) + kept.answer_ids))
         if found is None:
             return None
         path, s, e = found
@@ -93,7 +100,7 @@ def write_features(path: Path, examples, runner, k: int = K, kept: "KeptRows | N
             written.append(e)
             feats.append(feature_pass(runner, list(e.prompt_ids) + list(e.answer_ids), k))
         else:
-            written.append(replace(e, answer_ids=list(e.answer_ids)[:-1]))
+            written.append(kept_sequence(e))
             feats.append(rows)
     return save_features(path, written, feats)
 
@@ -123,8 +130,8 @@ class FeatureRows:
 def save_kept_features(path: Path, examples, kept: FeatureRows) -> int:
     """Write a shard's features from the rows kept while answering: each sequence is prompt +
     answer[:-1] (what has rows). -> positions."""
-    trimmed = [replace(e, answer_ids=list(e.answer_ids)[:-1]) for e in examples]
-    return save_features(path, trimmed, [kept.of(b, len(e.prompt_ids), len(e.answer_ids)) for b, e in enumerate(examples)])
+    return save_features(path, [kept_sequence(e) for e in examples],
+                         [kept.of(b, len(e.prompt_ids), len(e.answer_ids)) for b, e in enumerate(examples)])
 
 
 def save_features(path: Path, examples, feats) -> int:
