@@ -171,6 +171,7 @@ class LeanModel:
         self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
         self.hidden: torch.Tensor | None = None  # [B, T, H]
         self.argmax_only = False  # logits only for their argmax: the bf16 screen (kernels/argmax_head.py)
+        self.output_layer = None  # a stand-in for the output layer: training data's (engine/tune/teacher_head.py)
         self._screen: ArgmaxScreen | None = None
 
     def _glue(self, model):
@@ -268,7 +269,10 @@ class LeanModel:
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, H] -> logits [N, V] fp32; argmax-only ones from the screen when `argmax_only` is set
-        and the screen applies (an exact verifier's GuardedHead on a CPU with AVX512-BF16)."""
+        and the screen applies (an exact verifier's GuardedHead on a CPU with AVX512-BF16); from
+        `output_layer` where one is set (never on a verifier that decodes for a user)."""
+        if self.output_layer is not None:
+            return self.output_layer(h)
         if self.argmax_only and isinstance(self.head, GuardedHead) and screen_supported():
             if self._screen is None:
                 self._screen = ArgmaxScreen(self.head)

@@ -4,7 +4,8 @@ For prompts from ../shared/data/tune_prompts.jsonl.gz, taken round-robin over it
 prefix of the run is balanced), one shard of BATCH prompts at a time: the verifier answers them
 (engine/tune/data.answer_batch, LeanModel batched decoding, greedy and sampled batches alternating),
 keeping the verifier's features as it decodes (engine/tune/features.py FeatureRows: the rows a
-teacher-forced pass would give over prompt + answer[:-1], with no second pass). Resumable:
+teacher-forced pass would give over prompt + answer[:-1], with no second pass), with
+engine/tune/teacher_head.py's output layer (the same top tokens, 1.3x the shards an hour). Resumable:
 a shard or feature file that exists is complete and skipped.
 
     nohup .venv/bin/python scripts/feature_data.py --out /work/feat --tokens 400000 > /work/feat.log 2>&1 &
@@ -31,6 +32,7 @@ from spectui.engine.presets import resolve_model
 from spectui.engine.chat import ContextError
 from spectui.engine.tune.data import Example, answer_batch, prompt_ids, read_shard, shard_path, write_shard
 from spectui.engine.tune.features import FeatureRows, features_path, save_kept_features, write_features
+from spectui.engine.tune.teacher_head import use_teacher_head
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT.parent / "shared" / "data" / "tune_prompts.jsonl.gz"
@@ -70,7 +72,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     models = load_models(resolve_model("smollm2-135m"), models_dir=paths.models_dir())
-    runner = LeanModel(models.verifier)
+    runner = use_teacher_head(LeanModel(models.verifier))  # bf16 output products, the top redone in fp32
     prompts = balanced_prompts(PROMPTS, args.seed, args.max_chars)[args.skip :]
     cfg = SimpleNamespace(max_answer_tokens=args.max_answer, sample_temperature=0.8, sample_top_p=0.95)
     stop = models.stop_token_ids()

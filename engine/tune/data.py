@@ -33,6 +33,7 @@ from ..batch_generate import generate_batch
 from ..chat import ContextError, Conversation
 from ..lean_model import LeanModel, supports
 from .features import FeatureRows, features_path, kept_features_dir, save_kept_features
+from .teacher_head import use_teacher_head
 from .magpie import normalise
 
 
@@ -145,6 +146,8 @@ def collect_answers(
     index, empty = 0, 0  # empty: batches in a row that gave no answer token (every prompt too long)
     stop_ids = models.stop_token_ids()
     runner = LeanModel(models.verifier) if supports(models.verifier) else None  # batched decoding without transformers' machinery
+    if cfg.feature_head:  # every row's logits are kept: bf16 products, the top redone in fp32 (same top tokens)
+        use_teacher_head(runner)
     while done < cfg.tokens:
         path = shard_path(out, index)
         if path.exists():

@@ -34,6 +34,7 @@ from ..lean_model import LeanModel
 from .data import Example, is_held_out, prompt_ids
 from .feature_train import FeatureTrainConfig, draft_vocabulary, load_parts, train_head
 from .features import KeptRows, features_path, kept_features_dir, write_features
+from .teacher_head import use_teacher_head
 
 FEATURE_CHUNK = 64  # training sequences per features file
 FOLDER = "feature-head"
@@ -44,7 +45,7 @@ def write_all_features(models, examples, out: Path, log, what: str = "training s
                        kept: Path | None = None) -> int:
     """OUT/features/part-*.safetensors for the examples, from the rows kept while answering (`kept`:
     data.collect_answers keeps them with --feature-head) or teacher-forced passes; -> files written now."""
-    runner = LeanModel(models.verifier)
+    runner = use_teacher_head(LeanModel(models.verifier))  # every row's top tokens: teacher_head.py
     rows = KeptRows(kept) if kept is not None and kept.is_dir() else None
     written, files, began = 0, -(-len(examples) // FEATURE_CHUNK), time.perf_counter()
     for index in range(0, len(examples), FEATURE_CHUNK):

@@ -1,0 +1,56 @@
+"""The verifier's output layer for making training data: a bf16 product, its top logits redone in fp32.
+
+Feature data (engine/tune/features.py) keeps, at every position, the verifier's top-4 next tokens
+and their log-probabilities, so every row of every prompt and answer needs the full [V] logits.
+The verifier's own output layer (kernels/guarded_head.py) multiplies in fp32: on this 2-core CPU
+(AVX512-BF16, no AMX) 0.45-0.8 ms a row for SmolLM2's 49,152 x 576 head, against 0.17-0.25 ms for
+the same product with bf16 weights and inputs. It was 40 % of the time a shard of answers took.
+
+TeacherHead takes the fast product and repairs the part that matters:
+
+    fast   = bf16(x) @ bf16(W)^T, rounded to bf16              [n, V]
+    top    = the C largest of fast, per row                    [n, C]
+    logits = fast, with the `top` entries replaced by x . W_v in fp32 (the exact weights)
+
+A bf16 logit is within about |l| 2^-8 of the fp32 one (weights, input and output each rounded to
+8 significant bits), under 0.1 for SmolLM2's logits, so the fp32 top tokens are among the C = 16
+largest fast ones unless 16 tokens tie within that: then any of them is the verifier's choice to
+within its own rounding. The top-k kept and the argmax decoding takes are fp32 values (a different
+summation order than the canonical one-token product: they agree to about 1e-5); the log-softmax's
+normaliser takes the tail from bf16 logits, whose errors are unbiased and whose mass is small next
+to the top's. Measured on real prompts and answers (tests/engine/test_teacher_head.py): the same
+top-4 ids and log-probabilities within about 1e-3.
+
+Training data only: a verifier that decodes for a user keeps its own output layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CANDIDATES = 16  # fast logits recomputed in fp32 per row
+
+
+class TeacherHead:
+    """hidden [n, H] -> logits [n, V] fp32, from the verifier's output weight [V, H] (see above)."""
+
+    def __init__(self, weight: torch.Tensor, candidates: int = CANDIDATES) -> None:
+        self.weight = weight.detach().float()  # [V, H]: the same storage when the weight is fp32
+        self.fast = weight.detach().to(torch.bfloat16).contiguous()  # [V, H]
+        self.candidates = candidates
+
+    @torch.inference_mode()
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = hidden.reshape(-1, hidden.shape[-1]).float()  # [n, H]
+        logits = (x.to(torch.bfloat16) @ self.fast.T).float()  # [n, V]
+        top = logits.topk(self.candidates, dim=-1).indices  # [n, C]
+        exact = torch.bmm(self.weight[top], x[:, :, None])[:, :, 0]  # [n, C, H] @ [n, H, 1] -> [n, C]
+        return logits.scatter_(1, top, exact).view(*hidden.shape[:-1], -1)
+
+
+def use_teacher_head(runner):
+    """Give a LeanModel of the verifier TeacherHead as its output layer (training data only) -> runner.
+    None (the verifier is not one LeanModel runs) stays None."""
+    if runner is not None:
+        runner.output_layer = TeacherHead(runner.head.weight)
+    return runner
