@@ -33,8 +33,8 @@ from ..batch_generate import generate_batch
 from ..chat import ContextError, Conversation
 from ..lean_model import LeanModel, supports
 from .features import FeatureRows, features_path, kept_features_dir, save_kept_features
-from .teacher_head import use_teacher_head
 from .magpie import normalise
+from .teacher_head import use_teacher_head
 
 
 @dataclass
