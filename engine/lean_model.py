@@ -157,7 +157,9 @@ class LeanModel:
         self.exact = config._attn_implementation == EXACT_NAME  # else SDPA, in the model's dtype
         drafting = drafting and not self.exact  # an SSM: drafts need speed, not the verifier's rounding
         plain_head = drafting and getattr(self.head, "bias", None) is None
-        self.dense_head = drafter_kernel(self.head.weight) if plain_head else None  # an SSM's output layer
+        # a stand-in for the model's output layer: an SSM's in kernels/dense_cpu.py, or training data's
+        # (engine/tune/teacher_head.py, set by its caller); never on a verifier that decodes for a user
+        self.output_layer = drafter_kernel(self.head.weight) if plain_head else None
         self.layers = [Layer(layer, not self.exact, drafting) for layer in model.model.layers]
         self.cache_dtype = ((torch.float32 if exact_kernels() is not None else torch.float64) if self.exact
                             else model.model.embed_tokens.weight.dtype)
@@ -171,7 +173,6 @@ class LeanModel:
         self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
         self.hidden: torch.Tensor | None = None  # [B, T, H]
         self.argmax_only = False  # logits only for their argmax: the bf16 screen (kernels/argmax_head.py)
-        self.output_layer = None  # a stand-in for the output layer: training data's (engine/tune/teacher_head.py)
         self._screen: ArgmaxScreen | None = None
 
     def _glue(self, model):
@@ -270,15 +271,13 @@ class LeanModel:
     def output(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, H] -> logits [N, V] fp32; argmax-only ones from the screen when `argmax_only` is set
         and the screen applies (an exact verifier's GuardedHead on a CPU with AVX512-BF16); from
-        `output_layer` where one is set (never on a verifier that decodes for a user)."""
+        `output_layer` where one is set."""
         if self.output_layer is not None:
             return self.output_layer(h)
         if self.argmax_only and isinstance(self.head, GuardedHead) and screen_supported():
             if self._screen is None:
                 self._screen = ArgmaxScreen(self.head)
             return self._screen(h)
-        if self.dense_head is not None:
-            return self.dense_head(h)
         return self.head(h).float()
 
     @torch.inference_mode()

@@ -32,7 +32,7 @@ def kernel_switch(engine):
         if hasattr(d, "head"):  # a FeatureDrafter
             saved.append((d.head, "kernels", d.head.kernels, {}))
         elif hasattr(getattr(d, "runner", None), "layers"):  # an SSM on LeanModel
-            saved.append((d.runner, "dense_head", d.runner.dense_head, None))
+            saved.append((d.runner, "output_layer", d.runner.output_layer, None))
             saved += [(p, "dense", p.dense, None) for layer in d.runner.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
     def set_(on: bool) -> None:

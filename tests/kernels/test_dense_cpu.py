@@ -72,10 +72,10 @@ def test_ssm_and_feature_head_layers_use_it_where_wanted(monkeypatch):
                          num_key_value_heads=2, attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval()  # a tiny random SSM
     lean = LeanModel(model, drafting=True)
-    assert lean.dense_head is not None and all(p.dense is not None for layer in lean.layers
+    assert lean.output_layer is not None and all(p.dense is not None for layer in lean.layers
                                                for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     verifying = LeanModel(model)  # a verifier on the SDPA path keeps its fp32 weights
-    assert verifying.dense_head is None and all(p.dense is None for layer in verifying.layers
+    assert verifying.output_layer is None and all(p.dense is None for layer in verifying.layers
                                                 for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     ids = [5, 9, 2, 7, 11, 3]
     with torch.inference_mode():
@@ -141,7 +141,7 @@ def test_the_dot_kernel_serves_bf16_drafters():
                          num_key_value_heads=2, attn_implementation="sdpa")
     model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     lean = LeanModel(model, drafting=True)
-    assert isinstance(lean.dense_head, dense_cpu.DotKernel)
+    assert isinstance(lean.output_layer, dense_cpu.DotKernel)
     assert all(isinstance(p.dense, dense_cpu.DotKernel) for layer in lean.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     ids = [5, 9, 2, 7, 11, 3]
     with torch.inference_mode():
