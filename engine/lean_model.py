@@ -14,12 +14,13 @@ seven Linear4bit wrappers (casts, dispatch, allocation) around 3-8 us kernels. H
     (which computes in float64 and would convert the whole prefix on every call);
     compaction of the accepted path is one index_select over all layers;
   * rotary cos/sin are computed once a forward by the model's own rotary module;
-  * where kernels/packed_4bit.c runs the 4-bit layers, the glue is C with torch's bits
-    (kernels/glue_cpu.c): each norm with its bf16 rounding is one call (the sum of squares in
-    torch's own order, checked at first use), rotary of q and k with both cache writes another,
-    silu(gate) * up with its bf16 rounding a third (torch's own Sleef exp, checked at load), and
-    o's and down's outputs are added into the residual stream by the 4-bit kernel itself: about
-    30 torch ops a layer become 9 calls (a one-token step about 1.3x faster);
+  * where spectui's C kernels run the 4-bit layers, the glue is C with torch's bits
+    (kernels/glue_cpu.c): each norm is one call (the sum of squares in torch's own order, checked
+    at first use), rotary of q and k with both cache writes another, silu(gate) * up a third
+    (torch's own Sleef exp, checked at load), and o's and down's outputs are added into the
+    residual stream as they come out of the 4-bit kernel: about 30 torch ops a layer become 9
+    calls. With kernels/packed_4bit.c (AVX512-BF16) the norms and silu * up round to bf16 as that
+    kernel reads; with kernels/nf4_cpu.c (AVX2) everything stays fp32, as transformers computes;
   * the cache's views for all layers are made once a call, not a dozen a layer.
 
 The engine feeds one sequence (B = 1); `run` also takes B left-padded sequences at once, which
@@ -59,7 +60,7 @@ from ..kernels.exact_attention import kernels as exact_kernels
 from ..kernels.glue_cpu import glue
 from ..kernels.guarded_head import GuardedHead
 from ..kernels.hf_attention import EXACT_NAME
-from ..kernels.nf4_cpu import kernel_group
+from ..kernels.nf4_cpu import KernelMatmul, kernel_group
 from ..kernels.packed_4bit import Packed4bit, pack_group
 from .cached_model import CachedModel, tree_pass
 from .tree import TokenTree
@@ -167,7 +168,7 @@ class LeanModel:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.attention_kernels = exact_kernels() if self.exact else None  # exact_attention.c, or None
-        self.glue = self._glue(model)  # the layers' glue in C (glue_cpu.py), or None: torch's ops
+        self.glue, self.glue_fp32 = self._glue(model)  # the layers' glue in C (glue_cpu.py), or None: torch's ops
         self.kv = None  # [L, 2, B, Hkv, capacity, D] cache_dtype, allocated at first use
         self._length = 0
         self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
@@ -176,16 +177,21 @@ class LeanModel:
         self._screen: ArgmaxScreen | None = None
 
     def _glue(self, model):
-        """kernels/glue_cpu.py where its bits are the torch ops': an exact verifier in fp32 with a float32
-        cache whose 4-bit layers run kernels/packed_4bit.c (it reads bf16 rows, so the norms round to
-        bf16 as they write, and it adds o's and down's outputs into the residual stream itself)."""
+        """(kernels/glue_cpu.py, its fp32 flavour?) where its bits are the torch ops': an exact verifier in
+        fp32 with a float32 cache whose 4-bit layers all run kernels/packed_4bit.c (it reads bf16 rows, so
+        the norms round to bf16 as they write, and it adds o's and down's outputs into the residual
+        stream itself) or all kernels/nf4_cpu.c (fp32 rows); else (None, False)."""
         fp32 = all(norm[0].dtype == torch.float32 for layer in self.layers for norm in (layer.norm_in, layer.norm_post))
-        packed = all(isinstance(p.packed, Packed4bit) and p.packed.own is not None  # kernels/packed_4bit.c
-                     for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        if not (self.exact and self.cache_dtype == torch.float32 and fp32 and packed
+        projections = [p.packed for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        packed = all(isinstance(p, Packed4bit) and p.own is not None for p in projections)  # kernels/packed_4bit.c
+        ours = all(isinstance(p, KernelMatmul) for p in projections)  # kernels/nf4_cpu.c
+        if not (self.exact and self.cache_dtype == torch.float32 and fp32 and (packed or ours)
                 and model.model.embed_tokens.weight.dtype == torch.float32):
-            return None
-        return glue()
+            return None, False
+        found = glue()
+        if found is None:
+            return None, False
+        return found, not packed
 
     @property
     def length(self) -> int:
@@ -238,9 +244,11 @@ class LeanModel:
             cos2, sin2 = cos[0, 0].contiguous(), sin[0, 0].contiguous()  # [T, D]
             new_k, new_v = keys[:, 0, :, start:], values[:, 0, :, start:]  # [L, Hkv, T, D]
             rows = h.view(T, -1)  # [T, H]: h is this call's own tensor (the embedding's), updated in place
+        if glue is not None:  # the flavour the 4-bit kernels read: fp32 (nf4_cpu.c) or bf16 (packed_4bit.c) rows
+            norm, act = (glue.rms_norm_f32, glue.silu_mul_f32) if self.glue_fp32 else (glue.rms_norm_bf16, glue.silu_mul_bf16)
         for index, layer in enumerate(self.layers):
             if glue is not None:  # the same bits as the torch ops below, in fewer calls
-                x = glue.rms_norm_bf16(rows, *layer.norm_in)  # [T, H] bf16
+                x = norm(rows, *layer.norm_in)  # [T, H]
                 q = glue.rope_store(layer.qkv(x), cos2, sin2, Hq, Hkv, new_k[index], new_v[index])  # [1, Hq, T, D]
             else:
                 x = rms_norm(h, layer.norm_in).view(B * T, -1)
@@ -253,8 +261,8 @@ class LeanModel:
             out = out.transpose(1, 2).reshape(B * T, Hq * D)  # [BT, Hq*D]
             if glue is not None:  # h += o(out), then h += down(silu(gate) * up): the adds in the 4-bit kernel
                 layer.o.packed(out, into=rows)
-                x = glue.rms_norm_bf16(rows, *layer.norm_post)
-                layer.down.packed(glue.silu_mul_bf16(layer.gate_up(x)), into=rows)
+                x = norm(rows, *layer.norm_post)
+                layer.down.packed(act(layer.gate_up(x)), into=rows)
             else:
                 h = h + layer.o(out).view(B, T, -1)  # [B, T, H]
                 x = rms_norm(h, layer.norm_post).view(B * T, -1)

@@ -17,11 +17,17 @@
  * q heads go to q [Hq, T, D]; k heads, rotated, and v heads, copied, to the cache at
  * k + h * ld + t * D and v + h * ld + t * D.
  *
+ * Or, with bf16_out 0, without the rounding, for an fp32 model whose 4-bit layers read fp32 rows
+ * (kernels/nf4_cpu.c): out[r, i] = w[i] * (h[r, i] * (1 / sqrt(sumsq[r] / n + eps))).
+ *
  * spectui_silu_mul_bf16: LlamaMLP's act(gate) * up and the bf16 rounding of the down projection's
  * input, from the gate|up rows: out[t, i] = bf16( (g / (1 + exp(-g))) * u ), g = gate_up[t, i],
  * u = gate_up[t, I + i]. torch's float silu on AVX512 CPUs is that formula over 16 lanes with
  * Sleef_expf16_u10 for exp; libtorch exports that function, and the caller passes its address
  * (glue_cpu.py checks the bits against torch's silu at load, else keeps torch's ops).
+ *
+ * spectui_silu_mul_f32: the same in fp32 for torch's AVX2 kernels: 8 lanes, Sleef_expf8_u10, no
+ * rounding after the product (silu's quotient is rounded, then the product with up).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -77,19 +83,22 @@ static float sum_of_squares(const float *x, int64_t n) {
     return 0.0f + total;
 }
 
-/* h [rows, n] fp32, w [n] fp32 -> out [rows, n] bf16 (as uint16); sumsq [rows] fp32 from torch, or
- * NULL: computed here (sum_of_squares). */
+/* h [rows, n] fp32, w [n] fp32 -> out [rows, n]: bf16 (as uint16) when bf16_out, else fp32; sumsq
+ * [rows] fp32 from torch, or NULL: computed here (sum_of_squares). */
 int spectui_rms_scale(int64_t rows, int64_t n, const float *h, const float *sumsq, float eps, const float *w,
-                      uint16_t *out) {
+                      void *out, int bf16_out) {
     for (int64_t r = 0; r < rows; r++) {
         const float var = (sumsq ? sumsq[r] : sum_of_squares(h + r * n, n)) / (float)n;
         const float s = 1.0f / sqrtf(var + eps);
         const float *hr = h + r * n;
-        uint16_t *o = out + r * n;
+        if (bf16_out) {
+            uint16_t *o = (uint16_t *)out + r * n;
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            const float x = hr[i] * s;
-            o[i] = to_bf16(w[i] * x);
+            for (int64_t i = 0; i < n; i++) o[i] = to_bf16(w[i] * (hr[i] * s));
+        } else {
+            float *o = (float *)out + r * n;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) o[i] = w[i] * (hr[i] * s);
         }
     }
     return 0;
@@ -142,6 +151,24 @@ __attribute__((target("avx512f,avx512bw"))) int spectui_silu_mul_bf16(int64_t T,
                                                            _mm512_and_si512(_mm512_srli_epi32(bits, 16), lsb)), 16);
             r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), r, nan16);
             _mm256_storeu_si256((__m256i *)(out + t * I + i), _mm512_cvtepi32_epi16(r));
+        }
+    }
+    return 0;
+}
+
+typedef __m256 (*exp8_fn)(__m256);
+
+/* gate_up [T, ld] fp32 (gate in columns 0..I-1, up in I..2I-1), I % 8 == 0 -> out [T, I] fp32. */
+__attribute__((target("avx2,fma"))) int spectui_silu_mul_f32(int64_t T, int64_t I, const float *gate_up, int64_t ld,
+                                                            float *out, void *exp8) {
+    const exp8_fn expf8 = (exp8_fn)exp8;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gate_up + t * ld, *u = g + I;
+        for (int64_t i = 0; i < I; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, expf8(_mm256_xor_ps(x, sign))));
+            _mm256_storeu_ps(out + t * I + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
         }
     }
     return 0;

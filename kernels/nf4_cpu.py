@@ -88,7 +88,9 @@ class KernelMatmul:
                 at, scale_at = at + size, scale_at + scales
             self.stack = (weight, absmax)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """into: fp32 [M, N] rows to add the product to in place (h + x W^T, one rounding per element
+        after the product's own, as torch's `h + linear(x)`), returned."""
         if self.stack is not None:
             weight, absmax = self.stack
         else:  # read now: a later stack may re-point them
@@ -98,6 +100,8 @@ class KernelMatmul:
         if a.shape[0] and self.fn(a.shape[0], self.N, self.K, a.data_ptr(), self.K, weight.data_ptr(), absmax.data_ptr(),
                                   self.bs, self.code.data_ptr(), out.data_ptr(), self.N, torch.get_num_threads()):
             raise MemoryError("the 4-bit kernel could not allocate its scratch rows")
+        if into is not None:
+            return into.add_(out)
         return out.view(*x.shape[:-1], self.N)
 
 

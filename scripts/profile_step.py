@@ -45,6 +45,7 @@ def main() -> None:
     from spectui.engine import load_models, resolve_model
     from spectui.engine.accept import accept_greedy  # the step's parts, profiled one by one
     from spectui.engine.lean_model import LeanModel, Projection
+    from spectui.kernels.nf4_cpu import KernelMatmul
     from spectui.kernels.packed_4bit import Packed4bit
     from spectui.engine.loading import build_engine
     from spectui.engine.tree import TokenTree
@@ -95,6 +96,8 @@ def main() -> None:
         Projection.__call__ = lambda self, x: clocked_outermost("4-bit linears", linear)(self, x)
         Packed4bit.__call__ = (lambda self, x, own=True, into=None:  # o and down, called directly by the glue path
                                clocked_outermost("4-bit linears", packed)(self, x, own, into))
+        ours = KernelMatmul.__call__  # the same on the AVX2 path (kernels/nf4_cpu.c)
+        KernelMatmul.__call__ = lambda self, x, into=None: clocked_outermost("4-bit linears", ours)(self, x, into)
         verifier.attend = clocked("attention", verifier.attend)
         verifier.output = clocked("output layer", verifier.output)  # the screen (argmax-only) or the full head
         verifier.argmax_only = not args.full_logits  # as the engine decodes greedily without display

@@ -1,5 +1,6 @@
 """kernels/glue_cpu.c gives the bits of the torch ops it replaces in LeanModel (engine/lean_model.py):
-LlamaRMSNorm's tail rounded to bf16, and apply_rotary_pos_emb with the cache writes."""
+LlamaRMSNorm's tail (rounded to bf16, or fp32 as it is), apply_rotary_pos_emb with the cache
+writes, and silu(gate) * up (rounded to bf16, or fp32)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from spectui.engine.lean_model import rms_norm, rotate
-from spectui.kernels.glue_cpu import glue
+from spectui.kernels.glue_cpu import bits, glue
 
 GLUE = glue()
 pytestmark = pytest.mark.skipif(GLUE is None, reason="kernels/glue_cpu.c is not built here (no AVX2 or no compiler)")
@@ -23,17 +24,19 @@ def awkward(*shape: int, seed: int) -> torch.Tensor:
     return x
 
 
+@pytest.mark.parametrize("fp32", [False, True])  # bf16 rows for packed_4bit.c; fp32 for nf4_cpu.c (every bit seen)
 @pytest.mark.parametrize("rows,n", [(1, 576), (3, 576), (7, 64), (2, 4096)])
-def test_rms_norm_bf16_is_the_torch_bits(rows, n):
+def test_rms_norm_is_the_torch_bits(rows, n, fp32):
     g = torch.Generator().manual_seed(rows * n)
+    dtype, norm = (torch.float32, GLUE.rms_norm_f32) if fp32 else (torch.bfloat16, GLUE.rms_norm_bf16)
     for seed in range(4):
         h = awkward(rows, n, seed=seed)
         weight = torch.randn(n, generator=g) * 2
         for eps in (1e-5, 1e-6, 0.1):
-            want = rms_norm(h[None], (weight, eps))[0].to(torch.bfloat16)  # [rows, n]
-            got = GLUE.rms_norm_bf16(h, weight, eps)
-            assert got.dtype == torch.bfloat16
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (seed, eps)
+            want = rms_norm(h[None], (weight, eps))[0].to(dtype)  # [rows, n], LeanModel's torch path
+            got = norm(h, weight, eps)
+            assert got.dtype == dtype
+            assert torch.equal(bits(got), bits(want)), (seed, eps)
 
 
 @pytest.mark.parametrize("T,Hq,Hkv,D", [(1, 9, 3, 64), (5, 9, 3, 64), (3, 8, 8, 128), (2, 4, 1, 80)])
@@ -80,8 +83,23 @@ def test_rms_norm_bf16_is_the_torch_bits_with_either_sum_of_squares(n):
     weight = torch.randn(n, generator=torch.Generator().manual_seed(1))
     want = rms_norm(h[None], (weight, 1e-5))[0].to(torch.bfloat16)
     fallback = Glue(GLUE._rms, GLUE._rope)
-    fallback._sum_checked[n] = False  # as where the C order is not torch's
+    fallback._sum_checked[n, False] = fallback._sum_checked[n, True] = False  # as where the C order is not torch's
+    want32 = rms_norm(h[None], (weight, 1e-5))[0]
     for glue_ in (GLUE, fallback):
         for rows in (1, 5, SUM_ROWS, SUM_ROWS + 1):
             got = glue_.rms_norm_bf16(h[:rows], weight, 1e-5)
             assert torch.equal(got.view(torch.int16), want[:rows].view(torch.int16)), rows
+            got = glue_.rms_norm_f32(h[:rows], weight, 1e-5)
+            assert torch.equal(got.view(torch.int32), want32[:rows].view(torch.int32)), rows
+
+
+def test_silu_mul_f32_is_the_torch_bits():
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        assert GLUE._silu_f32 is not None, "the C silu should serve an AVX2 CPU (torch's Sleef exp found and matching)"
+    for T in (1, 3, 8):
+        gate_up = awkward(T, 2 * 1536, seed=T)
+        gate_up[:, :1536] = gate_up[:, :1536].clamp(-120, 120)
+        gate, up = gate_up.chunk(2, dim=-1)
+        want = torch.nn.functional.silu(gate) * up
+        got = GLUE.silu_mul_f32(gate_up)
+        assert got.shape == (T, 1536) and torch.equal(got.view(torch.int32), want.view(torch.int32)), T

@@ -75,6 +75,20 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads(tmp_path
     assert batched.shape == (1, rows, 192) and torch.equal(batched[0], together)
 
 
+def test_adding_into_the_residual_rows_is_torchs_add(tmp_path):
+    """LeanModel's C glue adds o's and down's outputs into the residual stream as they come out
+    (`into`): the bits of its torch path's `h + linear(x)`."""
+    layer = linear_4bit(576, 192, "nf4", seed=3)
+    nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
+    group = nf4_cpu.kernel_group([layer])
+    x, h = torch.randn(5, 576), torch.randn(5, 192) * 4
+    with torch.inference_mode():
+        want = h + layer(x)
+        rows = h.clone()
+        got = group(x, into=rows)
+    assert got is rows and torch.equal(rows.view(torch.int32), want.view(torch.int32))
+
+
 def test_layers_the_kernel_cannot_take_are_left_to_bitsandbytes(tmp_path):
     for layer, words in [(linear_4bit(128, 64, "nf4", 0, bias=True), "bias"),
                          (linear_4bit(128, 64, "nf4", 0, nested=True), "nested"),
