@@ -114,8 +114,9 @@ static void gemv_rows(int64_t n0, int64_t K, const float *x, const uint8_t *w, c
     y[n0] = hsum(a0); y[n0 + 1] = hsum(a1); y[n0 + 2] = hsum(a2); y[n0 + 3] = hsum(a3);
 }
 
-/* M = 2 to 4: two weight rows at a time, each decoded vector serving four input rows (rows that
- * are not there read the last one again and write to `spare`). Same order per output. */
+/* M = 4 (and 2 or 3 before gemv2_rows / gemv3_rows): two weight rows at a time, each decoded vector
+ * serving four input rows (rows that are not there read the last one again and write to `spare`).
+ * Same order per output. */
 static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w, const float *absmax,
                        int64_t bs, const float *code, float *const ys[4]) {
     const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
@@ -138,6 +139,49 @@ static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const ui
     }
     ys[0][n0] = hsum(a0); ys[0][n0 + 1] = hsum(b0); ys[1][n0] = hsum(a1); ys[1][n0 + 1] = hsum(b1);
     ys[2][n0] = hsum(a2); ys[2][n0 + 1] = hsum(b2); ys[3][n0] = hsum(a3); ys[3][n0 + 1] = hsum(b3);
+}
+
+/* M = 2: two weight rows at a time, each decoded vector serving both input rows (4 accumulators: no
+ * rows computed twice, nothing spilled). Same order per output. */
+static void gemv2_rows(int64_t n0, int64_t K, const float *x0, const float *x1, const uint8_t *w,
+                       const float *absmax, int64_t bs, const float *code, float *y0, float *y1) {
+    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        const int64_t b = k / bs;
+        const __m256 d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
+        const __m256 e = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
+        const __m256 u = _mm256_loadu_ps(x0 + k), v = _mm256_loadu_ps(x1 + k);
+        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(u, e, b0);
+        a1 = _mm256_fmadd_ps(v, d, a1); b1 = _mm256_fmadd_ps(v, e, b1);
+    }
+    y0[n0] = hsum(a0); y0[n0 + 1] = hsum(b0); y1[n0] = hsum(a1); y1[n0 + 1] = hsum(b1);
+}
+
+/* M = 3: as gemv2_rows for three input rows (6 accumulators). Same order per output. */
+static void gemv3_rows(int64_t n0, int64_t K, const float *x0, const float *x1, const float *x2, const uint8_t *w,
+                       const float *absmax, int64_t bs, const float *code, float *y0, float *y1, float *y2) {
+    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, b0 = a0, b1 = a0, b2 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        const int64_t b = k / bs;
+        const __m256 d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
+        const __m256 e = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
+        __m256 u = _mm256_loadu_ps(x0 + k);
+        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(u, e, b0);
+        u = _mm256_loadu_ps(x1 + k);
+        a1 = _mm256_fmadd_ps(u, d, a1); b1 = _mm256_fmadd_ps(u, e, b1);
+        u = _mm256_loadu_ps(x2 + k);
+        a2 = _mm256_fmadd_ps(u, d, a2); b2 = _mm256_fmadd_ps(u, e, b2);
+    }
+    y0[n0] = hsum(a0); y0[n0 + 1] = hsum(b0); y1[n0] = hsum(a1); y1[n0 + 1] = hsum(b1);
+    y2[n0] = hsum(a2); y2[n0 + 1] = hsum(b2);
 }
 
 /* M = 5 to 8: one weight row at a time, each decoded vector serving eight input rows (rows that are
@@ -180,8 +224,19 @@ int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
             gemv_rows(g * ROWS, K, x, w, absmax, bs, code, y);
         return 0;
     }
-    if (M <= 8) { /* 2-4 rows: the 4-row path (M = 2 too: two weight rows a pass decode half as often as
-                   * gemv2_rows' four, measured faster); 5-8 rows: each decoded vector serves 8 rows */
+    if (M == 2) { /* two weight rows a pass, both input rows: 1.16x the 4-row path's speed here */
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / 2; g++)
+            gemv2_rows(g * 2, K, x, x + ldx, w, absmax, bs, code, y, y + ldy);
+        return 0;
+    }
+    if (M == 3) { /* the same with three: 1.12x */
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / 2; g++)
+            gemv3_rows(g * 2, K, x, x + ldx, x + 2 * ldx, w, absmax, bs, code, y, y + ldy, y + 2 * ldy);
+        return 0;
+    }
+    if (M <= 8) { /* 4 rows: the 4-row path; 5-8 rows: each decoded vector serves 8 rows */
         const int P = M <= 4 ? 4 : 8;
         float *spare = (float *)malloc(sizeof(float) * N); /* outputs of missing rows, M < P */
         if (spare == NULL) return 1;
