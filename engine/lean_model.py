@@ -259,7 +259,7 @@ class LeanModel:
                 q = qk[:, :Hq]
             out = self.attend(q, keys[index], values[index], mask, layer.scaling)  # [B, Hq, T, D]
             out = out.transpose(1, 2).reshape(B * T, Hq * D)  # [BT, Hq*D]
-            if glue is not None:  # h += o(out), then h += down(silu(gate) * up): the adds in the 4-bit kernel
+            if glue is not None:  # h += o(out), then h += down(silu(gate) * up), added as the 4-bit products come out
                 layer.o.packed(out, into=rows)
                 x = norm(rows, *layer.norm_post)
                 layer.down.packed(act(layer.gate_up(x)), into=rows)

@@ -10,15 +10,14 @@
  *     out[r, i] = bf16( w[i] * (h[r, i] * (1 / sqrt(sumsq[r] / n + eps))) )
  * torch: mean on CPU is the sum divided by n, `var + eps` (eps as float), rsqrt = 1 / sqrt (all
  * correctly rounded), two products, then .to(bfloat16): round to nearest even, NaN to 0x7FC0.
+ * With bf16_out 0, the same without the rounding, for an fp32 model whose 4-bit layers read fp32
+ * rows (kernels/nf4_cpu.c): out[r, i] = w[i] * (h[r, i] * (1 / sqrt(sumsq[r] / n + eps))).
  *
  * spectui_rope_store: apply_rotary_pos_emb on the q and k heads of one q|k|v row block, then the
  * cache writes:
  *     y[d] = x[d] cos[d] + r[d] sin[d],  r = (-x[D/2:], x[:D/2])     (each product rounded, then the sum)
  * q heads go to q [Hq, T, D]; k heads, rotated, and v heads, copied, to the cache at
  * k + h * ld + t * D and v + h * ld + t * D.
- *
- * Or, with bf16_out 0, without the rounding, for an fp32 model whose 4-bit layers read fp32 rows
- * (kernels/nf4_cpu.c): out[r, i] = w[i] * (h[r, i] * (1 / sqrt(sumsq[r] / n + eps))).
  *
  * spectui_silu_mul_bf16: LlamaMLP's act(gate) * up and the bf16 rounding of the down projection's
  * input, from the gate|up rows: out[t, i] = bf16( (g / (1 + exp(-g))) * u ), g = gate_up[t, i],

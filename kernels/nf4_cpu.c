@@ -114,7 +114,7 @@ static void gemv_rows(int64_t n0, int64_t K, const float *x, const uint8_t *w, c
     y[n0] = hsum(a0); y[n0 + 1] = hsum(a1); y[n0 + 2] = hsum(a2); y[n0 + 3] = hsum(a3);
 }
 
-/* M = 4 (and 2 or 3 before gemv2_rows / gemv3_rows): two weight rows at a time, each decoded vector
+/* M = 4 (2 and 3 take gemv2_rows and gemv3_rows): two weight rows at a time, each decoded vector
  * serving four input rows (rows that are not there read the last one again and write to `spare`).
  * Same order per output. */
 static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w, const float *absmax,
