@@ -61,20 +61,23 @@ def test_rope_store_is_the_torch_bits(T, Hq, Hkv, D):
     assert torch.equal(cache.view(torch.int32), expected.view(torch.int32))  # nothing written outside the T rows
 
 
-def test_silu_mul_bf16_is_the_torch_bits():
-    if torch.backends.cpu.get_cpu_capability() == "AVX512":
-        assert GLUE._silu is not None, "the C silu should serve an AVX512 CPU (torch's Sleef exp found and matching)"
+@pytest.mark.parametrize("fp32", [False, True])  # bf16 for packed_4bit.c (AVX512 exp); fp32 for nf4_cpu.c (AVX2 exp)
+def test_silu_mul_is_the_torch_bits(fp32):
+    dtype, silu_mul, kernel, capability = ((torch.float32, GLUE.silu_mul_f32, GLUE._silu_f32, "AVX2") if fp32
+                                           else (torch.bfloat16, GLUE.silu_mul_bf16, GLUE._silu, "AVX512"))
+    if torch.backends.cpu.get_cpu_capability() == capability:
+        assert kernel is not None, f"the C silu should serve an {capability} CPU (torch's Sleef exp found and matching)"
     for T in (1, 3, 8):
         gate_up = awkward(T, 2 * 1536, seed=T)  # LlamaMLP's gate|up rows, as the 4-bit kernel writes them
         gate_up[:, :1536] = gate_up[:, :1536].clamp(-120, 120)  # and some in exp's overflow range
         gate, up = gate_up.chunk(2, dim=-1)
-        want = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
-        got = GLUE.silu_mul_bf16(gate_up)
-        assert got.shape == (T, 1536) and torch.equal(got.view(torch.int16), want.view(torch.int16)), T
+        want = (torch.nn.functional.silu(gate) * up).to(dtype)
+        got = silu_mul(gate_up)
+        assert got.shape == (T, 1536) and torch.equal(bits(got), bits(want)), T
 
 
 @pytest.mark.parametrize("n", [576, 100, 4096])
-def test_rms_norm_bf16_is_the_torch_bits_with_either_sum_of_squares(n):
+def test_rms_norm_is_the_torch_bits_with_either_sum_of_squares(n):
     """The sum of squares in C (torch's order, checked at first use) or torch's own (rows beyond
     SUM_ROWS, or where the check failed): the same bits either way."""
     from spectui.kernels.glue_cpu import SUM_ROWS, Glue
@@ -92,14 +95,3 @@ def test_rms_norm_bf16_is_the_torch_bits_with_either_sum_of_squares(n):
             got = glue_.rms_norm_f32(h[:rows], weight, 1e-5)
             assert torch.equal(got.view(torch.int32), want32[:rows].view(torch.int32)), rows
 
-
-def test_silu_mul_f32_is_the_torch_bits():
-    if torch.backends.cpu.get_cpu_capability() == "AVX2":
-        assert GLUE._silu_f32 is not None, "the C silu should serve an AVX2 CPU (torch's Sleef exp found and matching)"
-    for T in (1, 3, 8):
-        gate_up = awkward(T, 2 * 1536, seed=T)
-        gate_up[:, :1536] = gate_up[:, :1536].clamp(-120, 120)
-        gate, up = gate_up.chunk(2, dim=-1)
-        want = torch.nn.functional.silu(gate) * up
-        got = GLUE.silu_mul_f32(gate_up)
-        assert got.shape == (T, 1536) and torch.equal(got.view(torch.int32), want.view(torch.int32)), T
