@@ -59,6 +59,16 @@ class Tmux:
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}; screen:\n{self.screen()}")
 
+    def wait_lines(self, lines: list[str], timeout: float, what: str) -> str:
+        """Wait until every one of `lines` shows at once -> the screen. A capture can land between two
+        of the app's frames (a label updated, the panel under it not yet laid out again), so a test
+        waits for the whole state it checks rather than for one marker of it."""
+        try:
+            return self.wait_screen(lambda s: all(line in s for line in lines), timeout, what)
+        except AssertionError as timed_out:
+            missing = [line for line in lines if line not in self.screen()]
+            raise AssertionError(f"{timed_out}\nmissing: {missing}") from None
+
     def clipboard(self) -> str | None:
         """The newest paste buffer (the app's last copy), or None when there is none."""
         shown = self.run("show-buffer")
