@@ -100,7 +100,7 @@ class FeatureHead(nn.Module):
     def use_kernels(self) -> bool:
         """Run inference through kernels/dense_cpu.py where it serves this CPU: fp32 weights on AVX2
         without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot): about 2x faster drafting
-        there; the draft rows from an int8 copy with AVX512-VNNI (Int8Kernel); with AVX512-BF16 the
+        there; the draft rows from an int8 copy (Int8Kernel: AVX512-VNNI or AVX2); with AVX512-BF16 the
         whole layer for a drafting level's few rows in one C call (layer_kernel). Training never
         calls this. True if it does."""
         kernels = {name: drafter_kernel(getattr(self, name).weight, getattr(self, name).bias) for name in LINEARS}

@@ -44,6 +44,9 @@ Which product computes G, by measurement (2 threads, 49,152 x 576, ms for 2M col
   * on AVX2 CPUs without AVX512-BF16 (where torch's bf16 product is slow), dense_cpu.c's product of
     the bf16 copy with x in fp32, summed in fp32 (DENSE: 4.5 ms a row against the fp32 head's 6.5-8
     ms on a 2-core AMD EPYC, 10 ms against 12-17 for 8 rows, scripts/profile_step.py).
+  * wherever kernels/screen_int8.c builds (AVX512-VNNI, or AVX2 alone), an int8 copy of W instead of
+    either bf16 product (screen_int8.py has its bound): half the bytes, and faster at every row count
+    (on that AVX2 EPYC 1.1-1.3 ms a row against DENSE's 3.4-4.7).
 
 The fp32-summed products lose the last term of the bound (no bf16 rounding of G) and change the
 rest (ArgmaxScreen's docstring); the candidates and the near-tie rule are the same for all three.
@@ -111,7 +114,7 @@ class ArgmaxScreen:
             raise RuntimeError(f"kernels/dense_cpu.c's {product} product does not serve this CPU")
         self.product = product
         self.dot_rows = dot_rows()
-        self.int8 = screen_int8.Int8Screen(W) if product == "dot" and screen_int8.available() else None
+        self.int8 = screen_int8.Int8Screen(W) if product != "torch" and screen_int8.available() else None
         wide = W.double()
         self.rounding_norm = ((wide - self.low.double()).norm(dim=1) * (1 + 1e-6)).float()  # |dW_v| [V]
         self.row_norm = (wide.norm(dim=1) * (1 + 1e-6)).float()  # |W_v| [V]
@@ -178,10 +181,10 @@ class ArgmaxScreen:
 
     def screen_in_c(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(g [M, V], its bound per unit |x| [V]) where a C product serves these rows, else None."""
+        if self.int8 is not None:  # an int8 copy of W: half the bytes (screen_int8.py has its bound); faster
+            return self.int8(x)  # than the bf16 products and torch's at every row count (screen_int8.c)
         if self.product == "dense":
             return self.kernel(x), self.kernel_bound
-        if self.int8 is not None:  # an int8 copy of W: half the bytes (screen_int8.py has its bound); faster
-            return self.int8(x)  # than the bf16 loop and torch's product at every row count (screen_int8.c)
         if self.product == "dot" and x.shape[0] <= self.dot_rows:
             return self.kernel.loop(x.to(torch.bfloat16)), self.dot_bound  # x_hi alone: one column a row
         return None

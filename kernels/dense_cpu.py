@@ -87,7 +87,7 @@ INT8_MIN_ROWS = 4096  # a drafter's output layer (8,192 or 49,152 rows here) rea
 
 
 class Int8Kernel:
-    """x [..., K] -> about x @ W^T [..., N] fp32 from screen_int8.c's int8 copy of W (AVX512-VNNI):
+    """x [..., K] -> about x @ W^T [..., N] fp32 from screen_int8.c's int8 copy of W (AVX512-VNNI or AVX2):
     half the bytes of bf16, and the rows of a drafting level share each weight load. Drafts need
     no exact logits (the verifier decides); the error stays within the screen's bound (screen_int8.py:
     mostly the weights' int8 rounding, |W_v - Wq_v| |x|)."""
@@ -102,7 +102,7 @@ class Int8Kernel:
 
 def drafter_kernel(weight: torch.Tensor, bias: torch.Tensor | None = None):
     """This file's product for a drafter's weight [N, K] where it serves this CPU and dtype: an output
-    layer without bias (N >= INT8_MIN_ROWS, K as screen_int8.fits) in int8 with AVX512-VNNI; else fp32 weights
+    layer without bias (N >= INT8_MIN_ROWS, K as screen_int8.fits) in int8 (screen_int8.c); else fp32 weights
     on AVX2 without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot); else None."""
     if (bias is None and weight.dim() == 2 and weight.shape[0] >= INT8_MIN_ROWS and screen_int8.fits(weight.shape[1])
             and weight.device.type == "cpu" and screen_int8.available()):

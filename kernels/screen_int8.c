@@ -21,6 +21,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define VB 4 /* layer rows a block: each input vector loaded serves VB of them */
@@ -119,6 +120,75 @@ TARGET int spectui_screen_int8(int64_t M, int64_t V, int64_t D, const int8_t *w,
             }
         }
     }
+    return 0;
+}
+
+/* The same product with AVX2 alone (no VNNI): each input row's levels become one int16 code,
+ * 128 p_hi + p_lo (|.| <= 16,383), and vpmaddwd multiplies 16 codes by 16 layer codes widened to
+ * int16, adding pairs into int32 lanes (exact: a lane holds D / 8 products, under 2^31 for D <= 4,096).
+ * The 8 lanes are summed in double (exact), so A, and g = s_v (t A) rounded once, are the VNNI
+ * loop's to the bit. Blocks of VB layer rows by two input rows, as there. */
+static inline double lanes_sum(__m256i a) {
+    const __m256d s = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(a)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(a, 1)));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+
+/* Layer row b's 16 codes at `piece` of the chunk, widened to int16, into a<b>0 against u (input row
+ * x0) and a<b>1 against v (x1, when R == 2). */
+#define MADD_ROW(b)                                                                                          \
+    do {                                                                                                     \
+        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wr + VB * c + 64 * b + piece))); \
+        a##b##0 = _mm256_add_epi32(a##b##0, _mm256_madd_epi16(wv, u));                                      \
+        if (R == 2) a##b##1 = _mm256_add_epi32(a##b##1, _mm256_madd_epi16(wv, v));                          \
+    } while (0)
+
+/* Layer rows v0 .. v0 + 3 (codes wr: [D / 64][VB][64]) against the int16 rows x0 and x1 (R == 2)
+ * -> A[2 b + r]. R is a constant at each call site. */
+static inline __attribute__((always_inline)) void block16(const int8_t *wr, const int16_t *x0, const int16_t *x1,
+                                                          int64_t D, const int R, double *A) {
+    const __m256i z = _mm256_setzero_si256();
+    __m256i a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
+    for (int64_t c = 0; c < D; c += 64)
+        for (int piece = 0; piece < 64; piece += 16) {
+            const __m256i u = _mm256_loadu_si256((const __m256i *)(x0 + c + piece));
+            const __m256i v = R == 2 ? _mm256_loadu_si256((const __m256i *)(x1 + c + piece)) : z;
+            MADD_ROW(0);
+            MADD_ROW(1);
+            MADD_ROW(2);
+            MADD_ROW(3);
+        }
+    A[0] = lanes_sum(a00); A[2] = lanes_sum(a10); A[4] = lanes_sum(a20); A[6] = lanes_sum(a30);
+    if (R == 2) { A[1] = lanes_sum(a01); A[3] = lanes_sum(a11); A[5] = lanes_sum(a21); A[7] = lanes_sum(a31); }
+}
+
+/* spectui_screen_int8's arguments and result, with AVX2 + FMA alone. Returns 0, or 1 if memory could
+ * not be allocated. */
+int spectui_screen_int8_avx2(int64_t M, int64_t V, int64_t D, const int8_t *w, const float *scale,
+                             const int32_t *colsum, const uint8_t *x, const float *t, float *g, int threads) {
+    (void)colsum; /* the codes here are signed: no offset to take back */
+    int16_t *xs = (int16_t *)malloc(sizeof(int16_t) * M * D); /* [M, D]: 128 p_hi + p_lo */
+    if (xs == NULL) return 1;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < D; i++)
+            xs[m * D + i] = (int16_t)(128 * ((int)x[(m * 2) * D + i] - 128) + ((int)x[(m * 2 + 1) * D + i] - 128));
+    const int64_t blocks = (V + VB - 1) / VB;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const int64_t v0 = blk * VB, rows = V - v0 < VB ? V - v0 : VB;
+        for (int64_t m0 = 0; m0 < M; m0 += 2) {
+            const int R = M - m0 < 2 ? 1 : 2;
+            double A[2 * VB];
+            if (R == 2)
+                block16(w + v0 * D, xs + m0 * D, xs + (m0 + 1) * D, D, 2, A);
+            else
+                block16(w + v0 * D, xs + m0 * D, xs + m0 * D, D, 1, A);
+            for (int b = 0; b < rows; b++)
+                for (int r = 0; r < R; r++)
+                    g[(m0 + r) * V + v0 + b] = (float)((double)scale[v0 + b] * ((double)t[m0 + r] * A[2 * b + r]));
+        }
+    }
+    free(xs);
     return 0;
 }
 

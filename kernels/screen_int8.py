@@ -6,7 +6,10 @@ In int8 it is 28.3 MB. With AVX512-VNNI, vpdpbusd multiplies 64 byte pairs an in
 product stays at the speed of reading the bytes. The C loop takes 4 layer rows by 2 input rows a
 pass, so a tree's rows cost little more than one (2-core AMD EPYC, 49,152 x 576, alone in a loop:
 1 row 0.6-1.2 ms, 4 rows 1.0, 8 rows 2.2-3.3, 16 rows 4.4-4.7; a row at a time it was 1.4-2.0,
-2.5-2.8, 5.1-7.9 and 9.5-12 ms), and the screen takes it for every call. The input levels are made
+2.5-2.8, 5.1-7.9 and 9.5-12 ms), and the screen takes it for every call. With AVX2 alone
+(spectui_screen_int8_avx2: vpmaddwd on int16, the same integer sums, so the same bits) it takes
+1.1-1.3 ms a row, 2.6 for 4 rows, 5.0 for 8, 9.2 for 16, against 3.4-4.7, 4.9, 6.8 and 12.2 for
+dense_cpu.c's bf16 product it replaces there (2-core AMD EPYC, Zen 3, no AVX-512). The input levels are made
 in C too (spectui_int8_levels), and drafters' output layers read their own int8 copies through
 `product` alone (kernels/dense_cpu.py Int8Kernel).
 
@@ -57,8 +60,13 @@ def fits(columns: int) -> bool:
     return columns % 64 == 0 and columns <= 4096
 
 
+def product_name() -> str:
+    """The C product this CPU runs: vpdpbusd with AVX512-VNNI, else vpmaddwd (AVX2; the same bits)."""
+    return "spectui_screen_int8" if vnni() else "spectui_screen_int8_avx2"
+
+
 def available() -> bool:
-    return vnni() and native.function("screen_int8", "spectui_screen_int8", ARGTYPES)[0] is not None
+    return native.function("screen_int8", product_name(), ARGTYPES)[0] is not None
 
 
 class Int8Screen:
@@ -69,11 +77,11 @@ class Int8Screen:
         V, D = W.shape
         if not fits(D):
             raise ValueError(f"the int8 screen reads rows of up to 4,096 in blocks of 64; this layer has {D} columns")
-        self.fn = native.function("screen_int8", "spectui_screen_int8", ARGTYPES)[0]
+        self.fn = native.function("screen_int8", product_name(), ARGTYPES)[0]
         prepare = native.function("screen_int8", "spectui_quantize_int8", QUANTIZE_ARGS)[0]
         self.make_levels = native.function("screen_int8", "spectui_int8_levels", LEVELS_ARGS)[0]
-        if self.fn is None or prepare is None or self.make_levels is None or not vnni():
-            raise RuntimeError("kernels/screen_int8.c needs AVX512-VNNI and a C compiler")
+        if self.fn is None or prepare is None or self.make_levels is None:
+            raise RuntimeError("kernels/screen_int8.c needs AVX2 and a C compiler")
         W = W.contiguous()
         self.codes = torch.zeros(-(-V // 4) * 4 * D, dtype=torch.int8)  # rows in blocks of 4, chunk-interleaved (screen_int8.c)
         self.scale, self.err_norm, self.q_norm = (torch.empty(V, dtype=torch.float32) for _ in range(3))
@@ -100,8 +108,9 @@ class Int8Screen:
 
     def _product(self, codes: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         g = torch.empty(codes.shape[0], self.V, dtype=torch.float32)
-        self.fn(codes.shape[0], self.V, self.D, self.codes.data_ptr(), self.scale.data_ptr(), self.colsum.data_ptr(),
-                codes.data_ptr(), t.data_ptr(), g.data_ptr(), torch.get_num_threads())
+        if self.fn(codes.shape[0], self.V, self.D, self.codes.data_ptr(), self.scale.data_ptr(), self.colsum.data_ptr(),
+                codes.data_ptr(), t.data_ptr(), g.data_ptr(), torch.get_num_threads()):
+            raise MemoryError("the int8 screen could not allocate its input rows")
         return g
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
