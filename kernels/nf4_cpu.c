@@ -12,12 +12,18 @@
  *
  *     y[m, n] = sum_k x[m, k] * W[n, k],    W[n, k] = code[q(n, k)] * absmax[(n * K + k) / bs]
  *
- * W[n, k] is bitsandbytes' own dequantised weight to the bit (one fp32 product). The sum is done in
- * one fixed order for every (m, n): eight lanes, lane j accumulating k = j, j + 8, j + 16, ... with
- * fused multiply-adds, then lanes (j, j + 4), then (j, j + 2), then (0, 1). Threads split the output
- * rows n, never k, and the m loop only repeats that order. So y[m, n] has the same bits whatever M,
- * N (a stack of several weights) and the thread count: a row computed in a tree pass equals the row
- * computed alone, which keeps tree verification token-identical to one-token decoding.
+ * W[n, k] is bitsandbytes' own dequantised weight to the bit (one fp32 product): each block's two
+ * 8-entry halves of the code are multiplied by its scale once, and a weight is looked up in them.
+ *
+ * The sum is done in one fixed order for every (m, n): eight lanes, lane j accumulating, group by
+ * group of 16 weights (g = 0, 1, ...), k = 16g + 2j (a byte's high nibble) and then 16g + 2j + 1
+ * (its low nibble) with fused multiply-adds; then lanes (j, j + 4), then (j, j + 2), then (0, 1).
+ * To read a group's bytes straight into lanes, x's rows are permuted once a call (`xp`, see
+ * permute_rows) so that a group's 16 values sit as 8 even-k then 8 odd-k; in that order every loop
+ * below is a plain run over k in steps of 8. Threads split the output rows n, never k, and the m
+ * loop only repeats that order. So y[m, n] has the same bits whatever M, N (a stack of several
+ * weights) and the thread count: a row computed in a tree pass equals the row computed alone, which
+ * keeps tree verification token-identical to one-token decoding.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -30,35 +36,62 @@
 #define ROWS 4 /* output rows per task: independent accumulator chains hide FMA latency */
 #define M_BLOCK 48 /* input rows per pass over the weights (prefill): 48 x 1536 fp32 = 288 KiB, within L2 */
 
-/* 8 consecutive weights from 4 bytes: lanes (b0 hi, b0 lo, b1 hi, b1 lo, ...) times the scale. */
-static inline __m256 decode8(const uint8_t *bytes, __m256 lut_lo, __m256 lut_hi, __m256i shifts, __m256 scale) {
-    uint32_t word;
-    __builtin_memcpy(&word, bytes, 4);
-    __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts); /* nibble in bits 0-3 */
-    __m256 lo = _mm256_permutevar8x32_ps(lut_lo, idx);                     /* code[idx & 7] */
-    __m256 hi = _mm256_permutevar8x32_ps(lut_hi, idx);                     /* code[8 + (idx & 7)] */
-    __m256 w = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28))); /* bit 3 */
-    return _mm256_mul_ps(w, scale);
+/* A block's code halves times its scale: lo[i] = code[i] * s, hi[i] = code[8 + i] * s (the products
+ * bitsandbytes' dequantisation makes). */
+typedef struct { __m256 lo, hi; } Luts;
+
+static inline Luts block_luts(const float *code, float scale) {
+    const __m256 s = _mm256_set1_ps(scale);
+    Luts t = {_mm256_mul_ps(_mm256_loadu_ps(code), s), _mm256_mul_ps(_mm256_loadu_ps(code + 8), s)};
+    return t;
 }
 
-/* Dequantise rows n0 .. n0 + ROWS - 1 into scratch [ROWS, K]. */
+/* A group's 16 weights from its 8 bytes: *even = the high nibbles' weights (k = 16g + 2j in lane j),
+ * *odd = the low nibbles' (k = 16g + 2j + 1). A lane holds its byte b; the permutes read bits 0-2 of
+ * their index (b >> 4 or b), the blend bit 31 (b << 24 brings bit 7 there, b << 28 bit 3). */
+static inline void decode16(const uint8_t *bytes, Luts t, __m256 *even, __m256 *odd) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
+    const __m256i high = _mm256_srli_epi32(b, 4);
+    *even = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, high), _mm256_permutevar8x32_ps(t.hi, high),
+                             _mm256_castsi256_ps(_mm256_slli_epi32(b, 24)));
+    *odd = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, b), _mm256_permutevar8x32_ps(t.hi, b),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(b, 28)));
+}
+
+/* xp [M, K] = x's rows with each group of 16 reordered as its 8 even k, then its 8 odd k. */
+static void permute_rows(int64_t M, int64_t K, const float *x, int64_t ldx, float *xp) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *src = x + m * ldx;
+        float *dst = xp + m * K;
+        for (int64_t k = 0; k < K; k += 16)
+            for (int j = 0; j < 8; j++) {
+                dst[k + j] = src[k + 2 * j];
+                dst[k + 8 + j] = src[k + 2 * j + 1];
+            }
+    }
+}
+
+/* Dequantise rows n0 .. n0 + ROWS - 1 into scratch [ROWS, K], in xp's order. */
 static void dequant_rows(int64_t n0, int64_t K, const uint8_t *w, const float *absmax, int64_t bs,
                          const float *code, float *scratch) {
-    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
-    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
     for (int r = 0; r < ROWS; r++) {
         const int64_t n = n0 + r;
         const uint8_t *row = w + n * K / 2;
         const float *scales = absmax + n * (K / bs);
         float *out = scratch + r * K;
-        for (int64_t k = 0; k < K; k += 8) {
-            __m256 scale = _mm256_set1_ps(scales[k / bs]);
-            _mm256_storeu_ps(out + k, decode8(row + k / 2, lut_lo, lut_hi, shifts, scale));
+        for (int64_t k0 = 0; k0 < K; k0 += bs) {
+            const Luts t = block_luts(code, scales[k0 / bs]);
+            for (int64_t k = k0; k < k0 + bs; k += 16) {
+                __m256 even, odd;
+                decode16(row + k / 2, t, &even, &odd);
+                _mm256_storeu_ps(out + k, even);
+                _mm256_storeu_ps(out + k + 8, odd);
+            }
         }
     }
 }
 
-/* y[m + i, n0 + r] for r < ROWS and three rows m, m + 1, m + 2 of x, from dequantised scratch rows:
+/* y[m + i, n0 + r] for r < ROWS and three rows m, m + 1, m + 2 of xp, from dequantised scratch rows:
  * 12 accumulators, 4 weight vectors and 3 input vectors read per 12 fused multiply-adds. */
 static void dot_rows_3(int64_t K, const float *x0, const float *x1, const float *x2, const float *scratch,
                        float *y0, float *y1, float *y2) {
@@ -98,108 +131,92 @@ static void dot_rows_1(int64_t K, const float *x0, const float *scratch, float *
 /* M = 1 without the scratch round trip: decode and multiply in one pass (same order, same bits). */
 static void gemv_rows(int64_t n0, int64_t K, const float *x, const uint8_t *w, const float *absmax, int64_t bs,
                       const float *code, float *y) {
-    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
-    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
     const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2, *r2 = r1 + K / 2, *r3 = r2 + K / 2;
     const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs, *s2 = s1 + K / bs, *s3 = s2 + K / bs;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t k = 0; k < K; k += 8) {
-        const int64_t b = k / bs;
-        __m256 u = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(u, decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b])), a0);
-        a1 = _mm256_fmadd_ps(u, decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b])), a1);
-        a2 = _mm256_fmadd_ps(u, decode8(r2 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s2[b])), a2);
-        a3 = _mm256_fmadd_ps(u, decode8(r3 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s3[b])), a3);
+    for (int64_t k0 = 0; k0 < K; k0 += bs) {
+        const int64_t b = k0 / bs;
+        const Luts t0 = block_luts(code, s0[b]), t1 = block_luts(code, s1[b]);
+        const Luts t2 = block_luts(code, s2[b]), t3 = block_luts(code, s3[b]);
+        for (int64_t k = k0; k < k0 + bs; k += 16) {
+            const __m256 u = _mm256_loadu_ps(x + k), v = _mm256_loadu_ps(x + k + 8);
+            __m256 e, o;
+            decode16(r0 + k / 2, t0, &e, &o); a0 = _mm256_fmadd_ps(v, o, _mm256_fmadd_ps(u, e, a0));
+            decode16(r1 + k / 2, t1, &e, &o); a1 = _mm256_fmadd_ps(v, o, _mm256_fmadd_ps(u, e, a1));
+            decode16(r2 + k / 2, t2, &e, &o); a2 = _mm256_fmadd_ps(v, o, _mm256_fmadd_ps(u, e, a2));
+            decode16(r3 + k / 2, t3, &e, &o); a3 = _mm256_fmadd_ps(v, o, _mm256_fmadd_ps(u, e, a3));
+        }
     }
     y[n0] = hsum(a0); y[n0 + 1] = hsum(a1); y[n0 + 2] = hsum(a2); y[n0 + 3] = hsum(a3);
 }
 
-/* M = 4 (2 and 3 take gemv2_rows and gemv3_rows): two weight rows at a time, each decoded vector
- * serving four input rows (rows that are not there read the last one again and write to `spare`).
- * Same order per output. */
-static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w, const float *absmax,
-                       int64_t bs, const float *code, float *const ys[4]) {
-    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
-    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
-    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
-    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    for (int64_t k = 0; k < K; k += 8) {
-        const int64_t b = k / bs;
-        __m256 d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
-        __m256 e = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
-        __m256 u = _mm256_loadu_ps(xs[0] + k);
-        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(u, e, b0);
-        u = _mm256_loadu_ps(xs[1] + k);
-        a1 = _mm256_fmadd_ps(u, d, a1); b1 = _mm256_fmadd_ps(u, e, b1);
-        u = _mm256_loadu_ps(xs[2] + k);
-        a2 = _mm256_fmadd_ps(u, d, a2); b2 = _mm256_fmadd_ps(u, e, b2);
-        u = _mm256_loadu_ps(xs[3] + k);
-        a3 = _mm256_fmadd_ps(u, d, a3); b3 = _mm256_fmadd_ps(u, e, b3);
-    }
-    ys[0][n0] = hsum(a0); ys[0][n0 + 1] = hsum(b0); ys[1][n0] = hsum(a1); ys[1][n0 + 1] = hsum(b1);
-    ys[2][n0] = hsum(a2); ys[2][n0 + 1] = hsum(b2); ys[3][n0] = hsum(a3); ys[3][n0 + 1] = hsum(b3);
-}
+/* Two weight rows n0, n0 + 1 for M = 2, 3 or 4 input rows: each decoded group serves every row.
+ * FMA2(acc, i, even, odd) adds a group of row i (u: its even k, v: its odd k) into acc, in the
+ * header's order. */
+#define FMA2(acc, i, even, odd) acc = _mm256_fmadd_ps(v##i, odd, _mm256_fmadd_ps(u##i, even, acc))
+#define LOAD(i, x) const __m256 u##i = _mm256_loadu_ps((x) + k), v##i = _mm256_loadu_ps((x) + k + 8)
+#define TWO_ROWS_BEGIN                                                                                  \
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;                                             \
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;                                       \
+    for (int64_t k0 = 0; k0 < K; k0 += bs) {                                                           \
+        const Luts t0 = block_luts(code, s0[k0 / bs]), t1 = block_luts(code, s1[k0 / bs]);             \
+        for (int64_t k = k0; k < k0 + bs; k += 16) {                                                   \
+            __m256 d, e, f, g;                                                                         \
+            decode16(r0 + k / 2, t0, &d, &e);                                                          \
+            decode16(r1 + k / 2, t1, &f, &g);
+#define TWO_ROWS_END }}
 
-/* M = 2: two weight rows at a time, each decoded vector serving both input rows (4 accumulators: no
- * rows computed twice, nothing spilled). Same order per output. */
 static void gemv2_rows(int64_t n0, int64_t K, const float *x0, const float *x1, const uint8_t *w,
                        const float *absmax, int64_t bs, const float *code, float *y0, float *y1) {
-    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
-    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
-    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
-    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-    for (int64_t k = 0; k < K; k += 8) {
-        const int64_t b = k / bs;
-        const __m256 d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
-        const __m256 e = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
-        const __m256 u = _mm256_loadu_ps(x0 + k), v = _mm256_loadu_ps(x1 + k);
-        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(u, e, b0);
-        a1 = _mm256_fmadd_ps(v, d, a1); b1 = _mm256_fmadd_ps(v, e, b1);
-    }
+    TWO_ROWS_BEGIN
+        LOAD(0, x0); LOAD(1, x1);
+        FMA2(a0, 0, d, e); FMA2(b0, 0, f, g); FMA2(a1, 1, d, e); FMA2(b1, 1, f, g);
+    TWO_ROWS_END
     y0[n0] = hsum(a0); y0[n0 + 1] = hsum(b0); y1[n0] = hsum(a1); y1[n0 + 1] = hsum(b1);
 }
 
-/* M = 3: as gemv2_rows for three input rows (6 accumulators). Same order per output. */
 static void gemv3_rows(int64_t n0, int64_t K, const float *x0, const float *x1, const float *x2, const uint8_t *w,
                        const float *absmax, int64_t bs, const float *code, float *y0, float *y1, float *y2) {
-    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
-    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
-    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
-    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, b0 = a0, b1 = a0, b2 = a0;
-    for (int64_t k = 0; k < K; k += 8) {
-        const int64_t b = k / bs;
-        const __m256 d = decode8(r0 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s0[b]));
-        const __m256 e = decode8(r1 + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(s1[b]));
-        __m256 u = _mm256_loadu_ps(x0 + k);
-        a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(u, e, b0);
-        u = _mm256_loadu_ps(x1 + k);
-        a1 = _mm256_fmadd_ps(u, d, a1); b1 = _mm256_fmadd_ps(u, e, b1);
-        u = _mm256_loadu_ps(x2 + k);
-        a2 = _mm256_fmadd_ps(u, d, a2); b2 = _mm256_fmadd_ps(u, e, b2);
-    }
+    TWO_ROWS_BEGIN
+        LOAD(0, x0); LOAD(1, x1); LOAD(2, x2);
+        FMA2(a0, 0, d, e); FMA2(b0, 0, f, g); FMA2(a1, 1, d, e); FMA2(b1, 1, f, g);
+        FMA2(a2, 2, d, e); FMA2(b2, 2, f, g);
+    TWO_ROWS_END
     y0[n0] = hsum(a0); y0[n0 + 1] = hsum(b0); y1[n0] = hsum(a1); y1[n0 + 1] = hsum(b1);
     y2[n0] = hsum(a2); y2[n0 + 1] = hsum(b2);
 }
 
-/* M = 5 to 8: one weight row at a time, each decoded vector serving eight input rows (rows that are
+static void gemv4_rows(int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w, const float *absmax,
+                       int64_t bs, const float *code, float *const ys[4]) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    TWO_ROWS_BEGIN
+        LOAD(0, xs[0]); LOAD(1, xs[1]); LOAD(2, xs[2]); LOAD(3, xs[3]);
+        FMA2(a0, 0, d, e); FMA2(b0, 0, f, g); FMA2(a1, 1, d, e); FMA2(b1, 1, f, g);
+        FMA2(a2, 2, d, e); FMA2(b2, 2, f, g); FMA2(a3, 3, d, e); FMA2(b3, 3, f, g);
+    TWO_ROWS_END
+    ys[0][n0] = hsum(a0); ys[0][n0 + 1] = hsum(b0); ys[1][n0] = hsum(a1); ys[1][n0 + 1] = hsum(b1);
+    ys[2][n0] = hsum(a2); ys[2][n0 + 1] = hsum(b2); ys[3][n0] = hsum(a3); ys[3][n0 + 1] = hsum(b3);
+}
+
+/* M = 5 to 8: one weight row at a time, each decoded group serving eight input rows (rows that are
  * not there read the last one again and write to `spare`). Same order per output. */
 static void gemv8_row(int64_t n, int64_t K, const float *const xs[8], const uint8_t *w, const float *absmax,
                       int64_t bs, const float *code, float *const ys[8]) {
-    const __m256 lut_lo = _mm256_loadu_ps(code), lut_hi = _mm256_loadu_ps(code + 8);
-    const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
     const uint8_t *r = w + n * K / 2;
     const float *sc = absmax + n * (K / bs);
-    const float *x0 = xs[0], *x1 = xs[1], *x2 = xs[2], *x3 = xs[3], *x4 = xs[4], *x5 = xs[5], *x6 = xs[6], *x7 = xs[7];
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; /* in registers */
-    for (int64_t k = 0; k < K; k += 8) {
-        const __m256 d = decode8(r + k / 2, lut_lo, lut_hi, shifts, _mm256_set1_ps(sc[k / bs]));
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), d, a0); a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k), d, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x2 + k), d, a2); a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x3 + k), d, a3);
-        a4 = _mm256_fmadd_ps(_mm256_loadu_ps(x4 + k), d, a4); a5 = _mm256_fmadd_ps(_mm256_loadu_ps(x5 + k), d, a5);
-        a6 = _mm256_fmadd_ps(_mm256_loadu_ps(x6 + k), d, a6); a7 = _mm256_fmadd_ps(_mm256_loadu_ps(x7 + k), d, a7);
+    for (int64_t k0 = 0; k0 < K; k0 += bs) {
+        const Luts t = block_luts(code, sc[k0 / bs]);
+        for (int64_t k = k0; k < k0 + bs; k += 16) {
+            __m256 e, o;
+            decode16(r + k / 2, t, &e, &o);
+            { LOAD(0, xs[0]); LOAD(1, xs[1]); LOAD(2, xs[2]); LOAD(3, xs[3]);
+              FMA2(a0, 0, e, o); FMA2(a1, 1, e, o); FMA2(a2, 2, e, o); FMA2(a3, 3, e, o); }
+            { LOAD(4, xs[4]); LOAD(5, xs[5]); LOAD(6, xs[6]); LOAD(7, xs[7]);
+              FMA2(a4, 4, e, o); FMA2(a5, 5, e, o); FMA2(a6, 6, e, o); FMA2(a7, 7, e, o); }
+        }
     }
     ys[0][n] = hsum(a0); ys[1][n] = hsum(a1); ys[2][n] = hsum(a2); ys[3][n] = hsum(a3);
     ys[4][n] = hsum(a4); ys[5][n] = hsum(a5); ys[6][n] = hsum(a6); ys[7][n] = hsum(a7);
@@ -214,10 +231,9 @@ static void row_views(int n, int64_t M, const float *x, int64_t ldx, float *y, i
     }
 }
 
-/* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits. Needs N % 4 == 0, K % 8 == 0, K % bs == 0,
- * bs % 8 == 0 (the caller checks). Returns 0, or 1 if scratch could not be allocated. */
-int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
-                       const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads) {
+/* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits, x's rows read through xp (the header's order). */
+static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
+                  const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads) {
     if (M == 1) {
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t g = 0; g < N / ROWS; g++)
@@ -285,4 +301,16 @@ int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
     }
     free(scratch);
     return 0;
+}
+
+/* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits. Needs N % 4 == 0, K % 16 == 0, K % bs == 0,
+ * bs % 16 == 0 (the caller checks). Returns 0, or 1 if memory could not be allocated. */
+int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
+                       const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads) {
+    float *xp = (float *)malloc(sizeof(float) * M * K); /* [M, K] */
+    if (xp == NULL) return 1;
+    permute_rows(M, K, x, ldx, xp);
+    const int failed = matmul(M, N, K, xp, K, w, absmax, bs, code, y, ldy, threads);
+    free(xp);
+    return failed;
 }
