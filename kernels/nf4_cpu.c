@@ -303,14 +303,21 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
     return 0;
 }
 
-/* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits. Needs N % 4 == 0, K % 16 == 0, K % bs == 0,
- * bs % 16 == 0 (the caller checks). Returns 0, or 1 if memory could not be allocated. */
+/* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits, or with `add` y += x @ W^T (each element
+ * y + p rounded once after the product's own rounding: torch's `y + linear(x)`). Needs N % 4 == 0,
+ * K % 16 == 0, K % bs == 0, bs % 16 == 0 (the caller checks). Returns 0, or 1 if memory could not be
+ * allocated. */
 int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
-                       const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads) {
-    float *xp = (float *)malloc(sizeof(float) * M * K); /* [M, K] */
+                       const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads,
+                       int add) {
+    float *xp = (float *)malloc(sizeof(float) * M * (K + (add ? N : 0))); /* [M, K], then [M, N] products if add */
     if (xp == NULL) return 1;
     permute_rows(M, K, x, ldx, xp);
-    const int failed = matmul(M, N, K, xp, K, w, absmax, bs, code, y, ldy, threads);
+    float *products = add ? xp + M * K : y;
+    const int failed = matmul(M, N, K, xp, K, w, absmax, bs, code, products, add ? N : ldy, threads);
+    if (add && !failed)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) y[m * ldy + n] += products[m * N + n];
     free(xp);
     return failed;
 }

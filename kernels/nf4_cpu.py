@@ -30,9 +30,9 @@ import torch
 from . import native
 
 ROWS = 4  # output rows per task in nf4_cpu.c
-# spectui_nf4_matmul(M, N, K, x, ldx, w, absmax, bs, code, y, ldy, threads)
+# spectui_nf4_matmul(M, N, K, x, ldx, w, absmax, bs, code, y, ldy, threads, add)
 ARGTYPES = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p, ct.c_int64,
-            ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int]
+            ct.c_void_p, ct.c_void_p, ct.c_int64, ct.c_int, ct.c_int]
 
 
 @dataclass
@@ -87,22 +87,34 @@ class KernelMatmul:
                 s.absmax = absmax[scale_at : scale_at + scales].view(s.absmax.shape)
                 at, scale_at = at + size, scale_at + scales
             self.stack = (weight, absmax)
+            for m in self.modules:  # their own kernels read the stacked tensors from now on
+                if uses_kernel(m):
+                    m.spectui_kernel.bind()
+        self.bind()
 
-    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """into: fp32 [M, N] rows to add the product to in place (h + x W^T, one rounding per element
-        after the product's own, as torch's `h + linear(x)`), returned."""
+    def bind(self) -> None:
+        """Read the weights' tensors and addresses now: a call reads them from here (a stack made
+        later re-points a module's tensors, and rebinds its kernel)."""
         if self.stack is not None:
             weight, absmax = self.stack
-        else:  # read now: a later stack may re-point them
+        else:
             weight, absmax = self.modules[0].weight.data, self.modules[0].weight.quant_state.absmax
-        a = x.reshape(-1, self.K).to(torch.float32).contiguous()  # [M, K]
-        out = torch.empty(a.shape[0], self.N, dtype=torch.float32)  # [M, N]
-        if a.shape[0] and self.fn(a.shape[0], self.N, self.K, a.data_ptr(), self.K, weight.data_ptr(), absmax.data_ptr(),
-                                  self.bs, self.code.data_ptr(), out.data_ptr(), self.N, torch.get_num_threads()):
-            raise MemoryError("the 4-bit kernel could not allocate its scratch rows")
-        if into is not None:
-            return into.add_(out)
-        return out.view(*x.shape[:-1], self.N)
+        self.tensors = (weight, absmax)  # kept alive while the addresses are used
+        self.pointers = (weight.data_ptr(), absmax.data_ptr(), self.bs, self.code.data_ptr())
+
+    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """into: fp32 [M, N] contiguous rows to add the product to in place (h + x W^T, one rounding per
+        element after the product's own, as torch's `h + linear(x)`), returned."""
+        if into is not None and not (into.dtype == torch.float32 and into.is_contiguous()):
+            return into.add_(self(x).view(into.shape))
+        plain = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # the glue's rows: as they are
+        a = x if plain else x.reshape(-1, self.K).to(torch.float32).contiguous()  # [M, K]
+        M = a.shape[0]
+        out = torch.empty(M, self.N, dtype=torch.float32) if into is None else into  # [M, N]
+        if M and self.fn(M, self.N, self.K, a.data_ptr(), self.K, *self.pointers, out.data_ptr(), self.N,
+                         torch.get_num_threads(), into is not None):
+            raise MemoryError("the 4-bit kernel could not allocate its rows")
+        return out if plain or into is not None else out.view(*x.shape[:-1], self.N)
 
 
 def kernel_group(modules) -> KernelMatmul | None:
