@@ -89,6 +89,23 @@ def test_adding_into_the_residual_rows_is_torchs_add(tmp_path):
     assert got is rows and torch.equal(rows.view(torch.int32), want.view(torch.int32))
 
 
+def test_a_stack_rebinds_its_modules_own_kernels(tmp_path):
+    """A kernel binds its weights' addresses once; stacking q|k|v-like modules re-points their tensors
+    into the stack, and each module's own kernel (what transformers' forward calls) must read the
+    stack from then on, with the bits it had."""
+    a, b = linear_4bit(576, 192, "nf4", seed=1), linear_4bit(576, 64, "nf4", seed=2)
+    nf4_cpu.install(torch.nn.Sequential(a, b), tmp_path)
+    x = torch.randn(3, 576)
+    with torch.inference_mode():
+        before = a(x), b(x)
+        group = nf4_cpu.kernel_group([a, b])
+        weight, absmax = group.stack
+        assert a.spectui_kernel.pointers[:2] == (weight.data_ptr(), absmax.data_ptr())
+        assert b.spectui_kernel.pointers[0] == weight.data_ptr() + a.weight.data.numel()
+        assert torch.equal(a(x), before[0]) and torch.equal(b(x), before[1])
+        assert torch.equal(group(x), torch.cat(before, dim=-1))
+
+
 def test_layers_the_kernel_cannot_take_are_left_to_bitsandbytes(tmp_path):
     for layer, words in [(linear_4bit(128, 64, "nf4", 0, bias=True), "bias"),
                          (linear_4bit(128, 64, "nf4", 0, nested=True), "nested"),
