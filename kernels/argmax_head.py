@@ -74,6 +74,14 @@ def dot_rows() -> int:
     return 2 if torch.cpu._is_amx_tile_supported() else 8
 
 
+def default_product(columns: int) -> str:
+    """The screen's product on this CPU: an int8 copy wherever screen_int8.c builds (AVX512-VNNI or
+    AVX2) and the layer fits it, else dense_cpu.c's bf16 products, else torch's."""
+    if screen_int8.available() and screen_int8.fits(columns):
+        return "int8"
+    return "dense" if dense_cpu.available() else "dot" if dense_cpu.dot_available() else "torch"
+
+
 def screen_supported() -> bool:
     """The bf16 product is fast where the CPU computes bf16 natively (AVX512-BF16) or where
     kernels/dense_cpu.c reads bf16 weights into fp32 products (AVX2 without AVX512-BF16)."""
@@ -83,8 +91,9 @@ def screen_supported() -> bool:
 class ArgmaxScreen:
     """Argmax-exact logits of `head` (a GuardedHead) for rows of hidden states.
 
-    product: "dense" (dense_cpu.c, x in fp32; AVX2 CPUs), "dot" (dense_cpu.c's vdpbf16ps loop up to
-    dot_rows() rows, torch's product beyond) or "torch"; None: the one for this CPU.
+    product: "int8" (screen_int8.c's copy, its own bound; no bf16 copy is made), "dense" (dense_cpu.c,
+    x in fp32; AVX2 CPUs), "dot" (dense_cpu.c's vdpbf16ps loop up to dot_rows() rows, torch's product
+    beyond) or "torch"; None: default_product(), the one for this CPU.
 
     DENSE computes g = W_hi @ x with x in fp32 and sums in fp32:
 
@@ -106,26 +115,27 @@ class ArgmaxScreen:
         W = head.weight.detach()  # [V, D] fp32
         V, D = W.shape
         self.head = head
-        self.low = W.to(torch.bfloat16)  # [V, D]
-        product = product or ("dense" if dense_cpu.available() else "dot" if dense_cpu.dot_available() else "torch")
-        make = {"dense": dense_cpu.dense, "dot": dense_cpu.bf16_dot, "torch": lambda w: None}[product]
-        self.kernel = make(self.low)  # shares self.low
-        if product != "torch" and self.kernel is None:
-            raise RuntimeError(f"kernels/dense_cpu.c's {product} product does not serve this CPU")
+        product = product or default_product(D)
         self.product = product
         self.dot_rows = dot_rows()
-        self.int8 = screen_int8.Int8Screen(W) if product != "torch" and screen_int8.available() else None
+        self.int8 = screen_int8.Int8Screen(W) if product == "int8" else None  # its own copy and bound
         wide = W.double()
-        self.rounding_norm = ((wide - self.low.double()).norm(dim=1) * (1 + 1e-6)).float()  # |dW_v| [V]
         self.row_norm = (wide.norm(dim=1) * (1 + 1e-6)).float()  # |W_v| [V]
         self.gamma = D * U32 / (1 - D * U32)
         self.residue = 2.0**-16 + 2 * self.gamma
         self.eps_per_norm = self.gamma * float(self.row_norm.max()) * (1 + 1e-3)
-        low_norm = self.row_norm + self.rounding_norm  # >= |W_hi_v|
-        self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * low_norm  # [V]: DENSE
-        self.dot_bound = self.rounding_norm + (2.0**-8 + self.gamma * (1 + 2.0**-8) * (1 + 1e-3)) * low_norm  # DOT
+        if product != "int8":  # a bf16 copy, the product that reads it, and their bounds
+            self.low = W.to(torch.bfloat16)  # [V, D]
+            make = {"dense": dense_cpu.dense, "dot": dense_cpu.bf16_dot, "torch": lambda w: None}[product]
+            self.kernel = make(self.low)  # shares self.low
+            if product != "torch" and self.kernel is None:
+                raise RuntimeError(f"kernels/dense_cpu.c's {product} product does not serve this CPU")
+            self.rounding_norm = ((wide - self.low.double()).norm(dim=1) * (1 + 1e-6)).float()  # |dW_v| [V]
+            low_norm = self.row_norm + self.rounding_norm  # >= |W_hi_v|
+            self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * low_norm  # [V]: DENSE
+            self.dot_bound = self.rounding_norm + (2.0**-8 + self.gamma * (1 + 2.0**-8) * (1 + 1e-3)) * low_norm  # DOT
         self.select = dense_cpu.candidate_selector() if product != "torch" else None  # C_m in C, after the loop
-        # (it lives in the same library as self.kernel: where one is there, so is the other)
+        # (None where dense_cpu.c did not build: then C_m in torch, from the same product)
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
 
@@ -137,7 +147,7 @@ class ArgmaxScreen:
         M = x.shape[0]
         norms = x.norm(dim=-1) * (1 + 1e-5)  # [M]
         union, mine = self.candidates(x, norms, 2 * self.eps_per_norm * norms)  # [U], [M, U]: C per row
-        out = torch.full((M, self.low.shape[0]), float("-inf"))
+        out = torch.full((M, self.head.weight.shape[0]), float("-inf"))
         if 0 < len(union) <= MAX_CANDIDATES * M:  # (none: every row flat or NaN)
             w = self.head.weight[union]  # [U, D]
             h = (w @ x.T).T  # [M, U] fp32 logits of the candidates
@@ -162,7 +172,7 @@ class ArgmaxScreen:
         """x [M, D] fp32 -> (union [U], mine [M, U] bool): every row's candidates C (module docstring),
         slack = 2 eps_max |x| [M]. A row with no candidate or more than MAX_CANDIDATES (a flat row)
         has none in `mine` and is computed the canonical way."""
-        picked = self.screen_in_c(x)
+        picked = self.screen_in_c(x) if self.select is not None else None
         if picked is not None:  # g [M, V] from a C product; C_m by dense_cpu.c, each row's ascending
             idx, count = self.select(*picked, norms, slack, MAX_CANDIDATES)  # [M, cap], [M]
             kept = [c if c <= MAX_CANDIDATES else 0 for c in count.tolist()]  # 0: a NaN or flat row keeps none

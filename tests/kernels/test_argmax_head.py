@@ -7,7 +7,7 @@ verifier's (large norm, a few dominant logits)."""
 import pytest
 import torch
 
-from spectui.kernels import dense_cpu
+from spectui.kernels import dense_cpu, screen_int8
 from spectui.kernels.argmax_head import ArgmaxScreen, screen_supported
 from spectui.kernels.guarded_head import GuardedHead
 
@@ -27,6 +27,7 @@ def head_and_rows(seed: int, V: int = 4096, D: int = 576, M: int = 24, ties: boo
 
 PRODUCTS = [
     "torch",
+    pytest.param("int8", marks=pytest.mark.skipif(not screen_int8.available(), reason="the int8 screen does not build here")),
     pytest.param("dense", marks=pytest.mark.skipif(not dense_cpu.available(), reason="the AVX2 product does not serve this CPU")),
     pytest.param("dot", marks=pytest.mark.skipif(not dense_cpu.dot_available(), reason="the AVX512-BF16 loop does not serve this CPU")),
 ]
