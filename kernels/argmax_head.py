@@ -83,8 +83,9 @@ def default_product(columns: int) -> str:
 
 
 def screen_supported() -> bool:
-    """The bf16 product is fast where the CPU computes bf16 natively (AVX512-BF16) or where
-    kernels/dense_cpu.c reads bf16 weights into fp32 products (AVX2 without AVX512-BF16)."""
+    """The screen pays where the CPU computes bf16 natively (AVX512-BF16) or where kernels/dense_cpu.c
+    serves it (AVX2 without AVX512-BF16); on both, default_product() takes the int8 copy where
+    screen_int8.c builds, else the bf16 product."""
     return torch.cpu._is_avx512_bf16_supported() or dense_cpu.available()
 
 
