@@ -13,6 +13,9 @@ compaction) of T chain nodes after a prefix, split by module with forward hooks:
   rest of model   the forward minus the above: embedding, norms, rotary, activations, residuals,
                   transformers' Python and dispatch (LeanModel: its C glue and Python)
   engine          the step minus the forward: masks, positions, acceptance, cache compaction
+  C stack         LeanModel's decoder stack in one C call (kernels/stack_cpu.c, the AVX2 4-bit path,
+                  passes of up to 64 rows): its linears, attention and glue, not split; --no-stack
+                  runs the Python layer loop instead, whose parts the columns before it split
 
 Medians over repeats, in ms. The hooks cost a few microseconds each (about 1 ms per pass).
 """
@@ -35,6 +38,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--full-logits", action="store_true",
                     help="every logit of every row (sampling, display) instead of greedy decoding's argmax-only output")
+    ap.add_argument("--no-stack", action="store_true",
+                    help="LeanModel's Python layer loop instead of its one-call C stack, to split the layers' time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -102,6 +107,11 @@ def main() -> None:
         verifier.output = clocked("output layer", verifier.output)  # the screen (argmax-only) or the full head
         verifier.argmax_only = not args.full_logits  # as the engine decodes greedily without display
         verifier.run = clocked("forward", verifier.run)
+        if args.no_stack:
+            verifier.stack = None
+        elif verifier.stack is not None:
+            stack_call = type(verifier.stack).__call__
+            type(verifier.stack).__call__ = lambda self, *a: clocked("C stack", stack_call)(self, *a)
     else:
         impl = model.config._attn_implementation
         ALL_ATTENTION_FUNCTIONS[impl] = clocked("attention", ALL_ATTENTION_FUNCTIONS[impl])  # looked up every call
@@ -110,8 +120,8 @@ def main() -> None:
     print(f"{type(verifier).__name__}, attention {models.attention_backend}, {args.threads} threads, "
           f"{'full logits' if args.full_logits or not isinstance(verifier, LeanModel) else 'argmax-only output'}, "
           f"median of {args.repeats} steps, ms\n")
-    print("| prefix | T | step | 4-bit linears | output layer | attention | rest of model | engine |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| prefix | T | step | C stack | 4-bit linears | output layer | attention | rest of model | engine |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for prefix_len in args.prefix:
         prefix = torch.randint(100, 40000, (prefix_len,), generator=g).tolist()
         verifier.reset()
@@ -131,12 +141,13 @@ def main() -> None:
                     continue  # the first pass of a shape allocates
                 parts = {k: v * 1000 for k, v in spent.items()}
                 rows["step"].append(step * 1000)
-                for k in ("4-bit linears", "output layer", "attention"):
+                parted = ("C stack", "4-bit linears", "output layer", "attention")
+                for k in parted:
                     rows[k].append(parts.get(k, 0.0))
-                rows["rest"].append(parts["forward"] - sum(parts.get(k, 0.0) for k in ("4-bit linears", "output layer", "attention")))
+                rows["rest"].append(parts["forward"] - sum(parts.get(k, 0.0) for k in parted))
                 rows["engine"].append(step * 1000 - parts["forward"])
             med = {k: statistics.median(v) for k, v in rows.items()}
-            print(f"| {prefix_len} | {T} | {med['step']:.1f} | {med['4-bit linears']:.1f} | {med['output layer']:.1f} "
+            print(f"| {prefix_len} | {T} | {med['step']:.1f} | {med['C stack']:.1f} | {med['4-bit linears']:.1f} | {med['output layer']:.1f} "
                   f"| {med['attention']:.1f} | {med['rest']:.1f} | {med['engine']:.1f} |", flush=True)
 
 
