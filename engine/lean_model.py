@@ -173,6 +173,7 @@ class LeanModel:
         self.attention_kernels = exact_kernels() if self.exact else None  # exact_attention.c, or None
         self.glue, self.glue_fp32 = self._glue(model)  # the layers' glue in C (glue_cpu.py), or None: torch's ops
         self.stack = stack_for(self)  # that glue path for all layers in one call (stack_cpu.py), or None
+        self.rotary_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [n, D] (rotary_rows)
         self.kv = None  # [L, 2, B, Hkv, capacity, D] cache_dtype, allocated at first use
         self._length = 0
         self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
@@ -190,7 +191,7 @@ class LeanModel:
         packed = all(isinstance(p, Packed4bit) and p.own is not None for p in projections)  # kernels/packed_4bit.c
         ours = all(isinstance(p, KernelMatmul) for p in projections)  # kernels/nf4_cpu.c
         if not (self.exact and self.cache_dtype == torch.float32 and fp32 and (packed or ours)
-                and model.model.embed_tokens.weight.dtype == torch.float32):
+                and model.model.embed_tokens.weight.dtype == torch.float32 and self.norm[0].dtype == torch.float32):
             return None, False
         found = glue()
         if found is None:
@@ -237,7 +238,7 @@ class LeanModel:
         self._reserve(B, start + T)
         S = start + T
         h = self.embed(ids)  # [B, T, H]
-        cos, sin = self.rotary(h, positions)  # [B, T, D] each
+        cos, sin = self.rotary_rows(h, positions)  # [B, T, D] each
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: every head
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
         if mask is not None and self.exact:
@@ -250,7 +251,7 @@ class LeanModel:
             rows = h.view(T, -1)  # [T, H]: h is this call's own tensor (the embedding's), updated in place
         if glue is not None:  # the flavour the 4-bit kernels read: fp32 (nf4_cpu.c) or bf16 (packed_4bit.c) rows
             norm, act = (glue.rms_norm_f32, glue.silu_mul_f32) if self.glue_fp32 else (glue.rms_norm_bf16, glue.silu_mul_bf16)
-        stacked = glue is not None and self.stack is not None and self.stack.applies(T, mask)
+        stacked = glue is not None and self.stack is not None and self.stack.applies(T, S, mask)
         if stacked:  # every layer in one call (kernels/stack_cpu.c): the loop below, op for op
             self.stack(rows, cos2, sin2, self.kv, start, mask)
         for index, layer in enumerate([] if stacked else self.layers):
@@ -276,12 +277,33 @@ class LeanModel:
                 gate, up = layer.gate_up(x).chunk(2, dim=-1)  # [BT, I] each
                 h = h + layer.down(F.silu(gate) * up).view(B, T, -1)
         self._length = S
+        final = self.final_norm if glue is not None else (lambda x: rms_norm(x, self.norm))
         if self.keep_hidden:  # every row's final hidden state, for a feature drafter (feature_drafter.py)
-            self.hidden = rms_norm(h, self.norm)  # [B, T, H]
+            self.hidden = final(h)  # [B, T, H]
             h = self.hidden[:, -1:] if last_only else self.hidden
         else:
-            h = rms_norm(h[:, -1:] if last_only else h, self.norm)  # [B, T or 1, H]
+            h = final(h[:, -1:] if last_only else h)  # [B, T or 1, H]
         return self.output(h.reshape(-1, h.shape[-1])).view(B, h.shape[1], -1)  # [B, T or 1, V]
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The model's last RMSNorm of one sequence's rows h [1, T, H] fp32 through the C glue: torch's bits
+        (glue_cpu.py checks its sum of squares against torch's), one call instead of eight ops."""
+        return self.glue.rms_norm_f32(h.reshape(h.shape[1], -1), *self.norm).view(h.shape)
+
+    def rotary_rows(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, D] for positions [B, T]: the model's rotary module's, read from a table it made
+        for positions 0 .. n - 1 at once (its output for a position is that position times each frequency,
+        then cos and sin, element by element: the same bits in a table as alone); made again twice as
+        long when a position passes its end. Rotary types whose output depends on more than the position
+        (dynamic scaling) call the module every pass."""
+        if getattr(self.rotary, "rope_type", "default") != "default" or positions.numel() == 0:
+            return self.rotary(h, positions)
+        if self.rotary_table is None or int(positions.max()) >= self.rotary_table[0].shape[0]:
+            n = max(MIN_CAPACITY, 2 * int(positions.max()) + 2)
+            cos, sin = self.rotary(h, torch.arange(n)[None])  # [1, n, D] each
+            self.rotary_table = (cos[0], sin[0])
+        cos, sin = self.rotary_table
+        return cos[positions], sin[positions]  # [B, T, D]
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, H] -> logits [N, V] fp32; argmax-only ones from the screen when `argmax_only` is set

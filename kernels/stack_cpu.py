@@ -69,10 +69,11 @@ class Stack:
         self.H, self.I = lean.layers[0].o.packed.N, lean.layers[0].down.packed.K
         self.Hq, self.Hkv, self.D = lean.heads, lean.kv_heads, lean.head_dim
 
-    def applies(self, T: int, mask) -> bool:
-        """The loop's C path for these rows: at most SUM_ROWS (the norms' own sums of squares), and a
-        causal pass or one mask for every head."""
-        return 0 < T <= SUM_ROWS and (mask is None or (isinstance(mask, PreparedMask) and mask.allowed is not None))
+    def applies(self, T: int, S: int, mask) -> bool:
+        """The loop's C path for T rows after S - T cached ones: at most SUM_ROWS (the norms' own sums of
+        squares), and a causal pass or one mask [1, T, S] for every head."""
+        return 0 < T <= SUM_ROWS and (mask is None or (isinstance(mask, PreparedMask) and mask.allowed is not None
+                                                       and tuple(mask.allowed.shape) == (1, T, S)))
 
     def __call__(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, start: int,
                  mask: PreparedMask | None) -> None:

@@ -35,10 +35,11 @@ PRODUCTS = [
 
 @pytest.mark.parametrize("product", PRODUCTS)
 @pytest.mark.parametrize("seed", range(4))
-def test_the_screen_gives_the_canonical_argmax(seed, product):
+@pytest.mark.parametrize("rows", [1, 4])  # a one-token step (ArgmaxScreen.decide_one), a tree pass
+def test_the_screen_gives_the_canonical_argmax(seed, product, rows):
     head, X = head_and_rows(seed)
     screen = ArgmaxScreen(head, product)
-    got = torch.cat([screen(X[None, i:i + 4])[0] for i in range(0, len(X), 4)])  # [M, V]: 4 rows a call, as a tree pass
+    got = torch.cat([screen(X[None, i:i + rows])[0] for i in range(0, len(X), rows)])  # [M, V]: `rows` a call
     canonical = torch.stack([head.canonical(x) for x in X])  # the one-token way, row by row
     assert torch.equal(got.argmax(-1), canonical.argmax(-1))
     assert screen.recomputed >= 1  # planted ties went the canonical way ...

@@ -61,10 +61,11 @@ def test_the_stack_gives_the_loops_bits(lean, embedded_models):
 
 
 def test_the_stack_takes_what_its_kernels_take(lean):
-    """At most SUM_ROWS rows (the norms' own sums of squares) and a causal pass or one mask for all heads."""
-    assert lean.stack.applies(1, None) and lean.stack.applies(SUM_ROWS, None)
-    assert not lean.stack.applies(0, None) and not lean.stack.applies(SUM_ROWS + 1, None)
+    """At most SUM_ROWS rows (the norms' own sums of squares) and a causal pass or one mask for all heads
+    that covers the rows and every key."""
+    assert lean.stack.applies(1, 10, None) and lean.stack.applies(SUM_ROWS, 100, None)
+    assert not lean.stack.applies(0, 10, None) and not lean.stack.applies(SUM_ROWS + 1, 100, None)
     one_mask = prepare_mask(torch.ones(1, 1, 3, 10, dtype=torch.bool), lean.heads, lean.kv_heads)
-    assert lean.stack.applies(3, one_mask)
+    assert lean.stack.applies(3, 10, one_mask) and not lean.stack.applies(3, 11, one_mask)
     per_head = prepare_mask(torch.ones(1, lean.heads, 3, 10, dtype=torch.bool), lean.heads, lean.kv_heads)
-    assert not lean.stack.applies(3, per_head)
+    assert not lean.stack.applies(3, 10, per_head)
