@@ -91,7 +91,7 @@ class FeatureDrafter:
         if layer is not None and T <= MAX_KERNEL_ROWS:  # a level or a steady catch-up: one C call
             out = layer(tokens, prev, positions, self.kv[:, 0], self.used, None if mask is None else mask[0, 0])
             self.used += T
-            return out  # [T, H]
+            return out.to(self.dtype)  # [T, H]
         past = (self.kv[0, :, :, : self.used], self.kv[1, :, :, : self.used])
         out, (k, v) = self.head(torch.tensor([tokens]), prev[None], torch.tensor([positions]), past, mask)
         self.kv[0, :, :, self.used : self.used + T] = k[:, :, -T:]

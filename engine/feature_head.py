@@ -87,7 +87,7 @@ class FeatureHead(nn.Module):
         self.draft_rows: torch.Tensor | None = None  # [Vd, H]
         object.__setattr__(self, "verifier", None)
         self.kernels: dict = {}  # layer name -> kernels/dense_cpu.py's kernel (inference on AVX2 CPUs; use_kernels)
-        self.layer_kernel = None  # kernels/head_layer.py's whole layer for a few rows (AVX512-BF16; use_kernels)
+        self.layer_kernel = None  # kernels/head_layer.py's whole layer for a few rows (use_kernels)
 
     def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, dtype=None, verifier=None) -> None:
         """Borrow the verifier's embedding [V, H] and its output layer's rows for vocab_ids ([Vd, H]);
@@ -100,8 +100,8 @@ class FeatureHead(nn.Module):
     def use_kernels(self) -> bool:
         """Run inference through kernels/dense_cpu.py where it serves this CPU: fp32 weights on AVX2
         without AVX512-BF16 (dense), bf16 weights on AVX512-BF16 (bf16_dot): about 2x faster drafting
-        there; the draft rows from an int8 copy (Int8Kernel: AVX512-VNNI or AVX2); with AVX512-BF16 the
-        whole layer for a drafting level's few rows in one C call (layer_kernel). Training never
+        there; the draft rows from an int8 copy (Int8Kernel: AVX512-VNNI or AVX2); the whole layer for a
+        drafting level's few rows in one C call (layer_kernel, kernels/head_layer.py). Training never
         calls this. True if it does."""
         kernels = {name: drafter_kernel(getattr(self, name).weight, getattr(self, name).bias) for name in LINEARS}
         kernels["draft"] = drafter_kernel(self.draft_rows)

@@ -249,7 +249,7 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         install_guarded_head(model)  # argmax-exact logits for tree passes (kernels/guarded_head.py)
         native.get("exact_attention", kernel_dir)  # built here, in the cache, rather than at the first call
         dense_cpu.prepare(kernel_dir)  # the output screen's product (and the drafters'), likewise
-        head_layer.prepare(kernel_dir)  # a feature head's layer for a drafting level (AVX512-BF16)
+        head_layer.prepare(kernel_dir)  # a feature head's layer for a drafting level
         native.get("screen_int8", kernel_dir)  # the screen's int8 product (AVX512-VNNI or AVX2)
         if quant in ("nf4", "fp4"):
             packed_4bit.prepare(kernel_dir)  # bitsandbytes' fused product, 8 rows a decoded weight (AVX512-BF16)

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
@@ -95,6 +96,23 @@ int spectui_dense_bf16(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
             for (int64_t m = m0; m < m1; m++)
                 y[m * ldy + N - 1] = dot1(K, x + m * ldx, w + (N - 1) * K) + (bias ? bias[N - 1] : 0.0f);
     }
+    return 0;
+}
+
+/* The same product for x in bf16 [M, ldx] (kernels/head_layer.c's rows on AVX2 CPUs, where its products
+ * read bf16 inputs as spectui_dot_bf16's do): x widened to fp32 (exact), then spectui_dense_bf16.
+ * Returns 0, or 1 if memory could not be allocated. */
+int spectui_dense_bf16_x16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                           const float *bias, float *y, int64_t ldy, int threads) {
+    float *wide = (float *)malloc(sizeof(float) * M * K); /* [M, K] */
+    if (wide == NULL) return 1;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) {
+            const uint32_t bits = (uint32_t)x[m * ldx + k] << 16;
+            memcpy(wide + m * K + k, &bits, 4);
+        }
+    spectui_dense_bf16(M, N, K, wide, K, w, bias, y, ldy, threads);
+    free(wide);
     return 0;
 }
 

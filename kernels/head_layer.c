@@ -15,7 +15,9 @@
  * Drafts need no exact arithmetic (the verifier decides every token), so this computes in fp32 what
  * the torch path computes in bf16: inputs of a product are rounded to bf16 (the dot reads bf16), its
  * sums and everything between products stay fp32. The key/value cache is the drafter's own, bf16
- * [Hkv, cap, D] per tensor; this call writes the rows' keys and values at slots used .. used + T - 1.
+ * [Hkv, cap, D] per tensor (fp32 with kv_fp32: a drafter in fp32, on AVX2 CPUs); this call writes the
+ * rows' keys and values at slots used .. used + T - 1. The products: dense_cpu.c's spectui_dot_bf16
+ * (AVX512-BF16) or, on other AVX2 CPUs, its spectui_dense_bf16_x16 (bf16 weights widened to fp32).
  * Row t sees slot j when mask[t * (used + T) + j] != 0, or, without a mask, when j <= used + t (causal).
  */
 #include <immintrin.h>
@@ -43,6 +45,11 @@ static void rms_bf16(int64_t T, int64_t n, const float *x, const float *w, float
     }
 }
 
+/* 8 keys' or values' elements from the cache, bf16 or fp32 */
+static inline __m256 cached8(const void *cache, int64_t i, int fp32) {
+    return fp32 ? _mm256_loadu_ps((const float *)cache + i) : widen8((const uint16_t *)cache + i);
+}
+
 /* LLaMA's rotary on one head vector x [D]: pairs (i, i + D/2) turned by position * inv_freq[i] */
 static void rotate(float *x, int64_t D, const float *cosv, const float *sinv) {
     const int64_t half = D / 2;
@@ -57,8 +64,9 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
                        const int64_t *tokens, const uint16_t *embed, const uint16_t *prev, const int64_t *positions,
                        const float *inv_freq, const uint16_t *fc_w, const float *fc_b, const float *norm_in,
                        const uint16_t *qkv_w, const uint16_t *o_w, const float *norm_post, const uint16_t *gu_w,
-                       const uint16_t *down_w, float eps, uint16_t *kcache, uint16_t *vcache, int64_t cap,
-                       int64_t used, const uint8_t *mask, uint16_t *out, void *dot_address, int threads) {
+                       const uint16_t *down_w, float eps, void *kcache, void *vcache, int64_t cap,
+                       int64_t used, const uint8_t *mask, uint16_t *out, void *dot_address, int threads,
+                       int kv_fp32) {
     const dot_fn dot = (dot_fn)dot_address;
     const int64_t S = used + T, QKV = (Hq + 2 * Hkv) * D, G = Hq / Hkv;
     const int nthreads = threads > 0 ? threads : 1;
@@ -93,8 +101,14 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
         for (int64_t h = 0; h < Hq + Hkv; h++) rotate(qkv + t * QKV + h * D, D, cosv, sinv);
         for (int64_t g = 0; g < Hkv; g++) {
             const float *k = qkv + t * QKV + (Hq + g) * D, *v = k + Hkv * D;
-            uint16_t *kc = kcache + (g * cap + used + t) * D, *vc = vcache + (g * cap + used + t) * D;
-            for (int64_t d = 0; d < D; d++) kc[d] = to_bf16(k[d]), vc[d] = to_bf16(v[d]);
+            const int64_t at = (g * cap + used + t) * D;
+            if (kv_fp32) {
+                memcpy((float *)kcache + at, k, sizeof(float) * D);
+                memcpy((float *)vcache + at, v, sizeof(float) * D);
+            } else {
+                uint16_t *kc = (uint16_t *)kcache + at, *vc = (uint16_t *)vcache + at;
+                for (int64_t d = 0; d < D; d++) kc[d] = to_bf16(k[d]), vc[d] = to_bf16(v[d]);
+            }
         }
     }
     /* attention: softmax(q . k_j / sqrt(D)) over the visible slots j, weighted sum of v_j */
@@ -111,11 +125,11 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
                 s[j] = -INFINITY;
                 continue;
             }
-            const uint16_t *k = kcache + (g * cap + j) * D;
+            const int64_t k = (g * cap + j) * D;
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), widen8(k + d), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), widen8(k + d + 8), a1);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), cached8(kcache, k + d, kv_fp32), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), cached8(kcache, k + d + 8, kv_fp32), a1);
             }
             s[j] = hsum(_mm256_add_ps(a0, a1)) * scale;
             if (s[j] > m) m = s[j];
@@ -128,8 +142,8 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
             const float e = expf(s[j] - m);
             denom += e;
             const __m256 ev = _mm256_set1_ps(e);
-            const uint16_t *v = vcache + (g * cap + j) * D;
-            for (int64_t d = 0; d < D; d += 8) acc[d / 8] = _mm256_fmadd_ps(ev, widen8(v + d), acc[d / 8]);
+            const int64_t v = (g * cap + j) * D;
+            for (int64_t d = 0; d < D; d += 8) acc[d / 8] = _mm256_fmadd_ps(ev, cached8(vcache, v + d, kv_fp32), acc[d / 8]);
         }
         float o[MAX_D];
         for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, acc[d / 8]);

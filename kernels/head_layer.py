@@ -2,8 +2,9 @@
 
 engine/feature_head.py's torch forward spends most of a drafting level's time dispatching some 25
 small ops (1.2 ms for two rows, of which the products are 0.3). `head_layer()` gives a HeadLayer
-where the CPU has AVX512-BF16 and both libraries build (its products are dense_cpu.c's bf16 dot),
-else None and the head keeps torch's ops. It computes in fp32 between bf16 products, the torch path
+where both libraries build: its products are dense_cpu.c's bf16 dot on CPUs with AVX512-BF16 (a
+drafter in bf16, its cache bf16), its bf16-weight product with the rows widened to fp32 on other AVX2
+CPUs (a drafter in fp32, its cache fp32); else None and the head keeps torch's ops. It computes in fp32 between bf16 products, the torch path
 in bf16: drafts, not the verifier's tokens, so the two need only agree closely
 (tests/kernels/test_head_layer.py bounds the difference and checks the cache writes).
 """
@@ -19,8 +20,9 @@ from . import dense_cpu, native
 
 I64, PTR = ct.c_int64, ct.c_void_p
 # spectui_head_layer(T, H, Hq, Hkv, D, I, tokens, embed, prev, positions, inv_freq, fc_w, fc_b, norm_in,
-#                    qkv_w, o_w, norm_post, gu_w, down_w, eps, kcache, vcache, cap, used, mask, out, dot, threads)
-ARGTYPES = [I64] * 6 + [PTR] * 13 + [ct.c_float, PTR, PTR, I64, I64, PTR, PTR, PTR, ct.c_int]
+#                    qkv_w, o_w, norm_post, gu_w, down_w, eps, kcache, vcache, cap, used, mask, out, dot, threads,
+#                    kv_fp32)
+ARGTYPES = [I64] * 6 + [PTR] * 13 + [ct.c_float, PTR, PTR, I64, I64, PTR, PTR, PTR, ct.c_int, ct.c_int]
 MAX_ROWS = 8  # more rows (a prompt's catch-up) go to torch, whose products batch them better
 MAX_HEAD_DIM = 256
 
@@ -50,8 +52,10 @@ class HeadLayer:
 
     def __call__(self, tokens: list[int], prev: torch.Tensor, positions: list[int], kv: torch.Tensor, used: int,
                  mask: torch.Tensor | None) -> torch.Tensor:
-        """prev [T, H] bf16; kv [2, Hkv, cap, D] bf16 contiguous; mask [T, used + T] (nonzero: may see) or
-        None (causal) -> [T, H] bf16."""
+        """prev [T, H]; kv [2, Hkv, cap, D] bf16 or fp32, contiguous; mask [T, used + T] (nonzero: may see)
+        or None (causal) -> [T, H] bf16."""
+        if kv.dtype not in (torch.bfloat16, torch.float32) or not kv.is_contiguous():
+            raise ValueError(f"the drafter's cache must be contiguous bf16 or fp32, not {kv.dtype}")
         T = len(tokens)
         tok = torch.tensor(tokens, dtype=torch.int64)
         pos = torch.tensor(positions, dtype=torch.int64)
@@ -64,7 +68,8 @@ class HeadLayer:
                          w["fc_w"].data_ptr(), w["fc_b"].data_ptr(), w["norm_in"].data_ptr(), w["qkv_w"].data_ptr(),
                          w["o_w"].data_ptr(), w["norm_post"].data_ptr(), w["gu_w"].data_ptr(), w["down_w"].data_ptr(),
                          self.eps, kv[0].data_ptr(), kv[1].data_ptr(), kv.shape[2], used,
-                         None if m is None else m.data_ptr(), out.data_ptr(), self.dot, torch.get_num_threads())
+                         None if m is None else m.data_ptr(), out.data_ptr(), self.dot, torch.get_num_threads(),
+                         int(kv.dtype == torch.float32))
         if status:
             raise MemoryError("head_layer.c could not allocate its scratch")
         return out
@@ -72,18 +77,22 @@ class HeadLayer:
 
 def prepare(folder: Path | None) -> None:
     """Build the library into `folder` (the model cache's kernels/) where it serves, rather than at first use."""
-    if torch.cpu._is_avx512_bf16_supported():
+    if native.cpu_supported():
         native.get("head_layer", folder)
+
+
+def product_name() -> str:
+    """dense_cpu.c's product the layer calls: vdpbf16ps with AVX512-BF16, else bf16 weights read with AVX2."""
+    return "spectui_dot_bf16" if torch.cpu._is_avx512_bf16_supported() else "spectui_dense_bf16_x16"
 
 
 def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, head_dim: int, rope_theta: float,
                eps: float, folder: Path | None = None) -> HeadLayer | None:
     """A HeadLayer for these weights (fc_w, fc_b, norm_in, qkv_w, o_w, norm_post, gu_w, down_w) where the
-    CPU has AVX512-BF16 and the libraries build, else None."""
-    if (not torch.cpu._is_avx512_bf16_supported() or head_dim % 16 or head_dim > MAX_HEAD_DIM
-            or heads % kv_heads or embed.device.type != "cpu"):
+    libraries build (x86 with AVX2), else None."""
+    if head_dim % 16 or head_dim > MAX_HEAD_DIM or heads % kv_heads or embed.device.type != "cpu":
         return None
-    dot, _ = native.function("dense_cpu", "spectui_dot_bf16", dense_cpu.ARGTYPES, folder)
+    dot, _ = native.function("dense_cpu", product_name(), dense_cpu.ARGTYPES, folder)
     fn, _ = native.function("head_layer", "spectui_head_layer", ARGTYPES, folder)
     if dot is None or fn is None:
         return None

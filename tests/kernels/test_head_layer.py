@@ -3,7 +3,8 @@
 A random FeatureHead: the C layer's output rows and the keys/values it writes into the cache must
 match the fp32 torch forward to within bf16 rounding (the C path rounds each product's input to
 bf16), for a causal catch-up after cached slots and for a tree level whose rows see only some
-slots; and a FeatureDrafter drafts through it (AVX512-BF16 CPUs: where `use_kernels` builds it).
+slots, with the drafter's cache in bf16 (a bf16 drafter, AVX512-BF16 CPUs) or fp32 (an fp32 one,
+other AVX2 CPUs); and a FeatureDrafter drafts through it where `use_kernels` builds it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ V, H = 500, 64
 CONFIG = FeatureHeadConfig(hidden=H, heads=4, kv_heads=2, head_dim=16, intermediate=96, rope_theta=10_000.0,
                            draft_vocab=200)
 
-pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() is None
-                                or not torch.cpu._is_avx512_bf16_supported(),
-                                reason="the layer needs AVX512-BF16 (its products are dense_cpu.c's bf16 dot) and a C compiler")
+pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() is None,
+                                reason="the layer needs AVX2 and a C compiler")
+DRAFTER_DTYPE = torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else torch.float32  # as loading.py picks
 
 
 def make_head(seed: int = 0) -> FeatureHead:
@@ -43,7 +44,8 @@ def close(got: torch.Tensor, want: torch.Tensor, rel: float = 0.02) -> bool:
 
 @pytest.mark.parametrize("T,used", [(1, 0), (1, 7), (3, 12), (8, 30)])
 @pytest.mark.parametrize("tree_mask", [False, True])
-def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask):
+@pytest.mark.parametrize("cache", [torch.bfloat16, torch.float32])
+def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask, cache):
     head = make_head()
     layer = head.make_layer_kernel()
     assert layer is not None
@@ -64,7 +66,7 @@ def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask):
         want, (k, v) = head(torch.tensor([tokens[used:]]), prev[None, used:], torch.tensor([positions[used:]]), past,
                             None if mask is None else mask[None, None])
     cap = used + T + 5
-    kv = torch.zeros(2, CONFIG.kv_heads, cap, CONFIG.head_dim, dtype=torch.bfloat16)
+    kv = torch.zeros(2, CONFIG.kv_heads, cap, CONFIG.head_dim, dtype=cache)
     if used:
         kv[0, :, :used], kv[1, :, :used] = past[0][0], past[1][0]
     got = layer(tokens[used:], prev[used:].to(torch.bfloat16), positions[used:], kv, used, mask)
@@ -77,8 +79,8 @@ def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask):
 def test_a_drafter_drafts_through_the_layer_as_the_torch_path_does():
     head = make_head(1)
     reference = FeatureDrafter("torch", make_head(1))  # the fp32 torch path
-    fast_head = make_head(1).to(torch.bfloat16)
-    fast_head.attach(head.embed, torch.zeros(V, H).index_copy(0, head.vocab_ids, head.draft_rows), torch.bfloat16)
+    fast_head = make_head(1).to(DRAFTER_DTYPE)
+    fast_head.attach(head.embed, torch.zeros(V, H).index_copy(0, head.vocab_ids, head.draft_rows), DRAFTER_DTYPE)
     assert fast_head.use_kernels() and fast_head.layer_kernel is not None
     fast = FeatureDrafter("c", fast_head)
     torch.manual_seed(5)
