@@ -298,8 +298,9 @@ class LeanModel:
         (dynamic scaling) call the module every pass."""
         if getattr(self.rotary, "rope_type", "default") != "default" or positions.numel() == 0:
             return self.rotary(h, positions)
-        if self.rotary_table is None or int(positions.max()) >= self.rotary_table[0].shape[0]:
-            n = max(MIN_CAPACITY, 2 * int(positions.max()) + 2)
+        last = int(positions.max())
+        if self.rotary_table is None or last >= self.rotary_table[0].shape[0]:
+            n = max(MIN_CAPACITY, 2 * last + 2)
             cos, sin = self.rotary(h, torch.arange(n)[None])  # [1, n, D] each
             self.rotary_table = (cos[0], sin[0])
         cos, sin = self.rotary_table

@@ -121,6 +121,15 @@ class Glue:
             self._sum_checked[n, fp32] = ok
         return self._sum_checked[n, fp32]
 
+    def fp32_addresses(self, n: int) -> tuple[int, int, int, int] | None:
+        """The addresses of rms_scale, rope_store, silu_mul_f32 and torch's exp for it, for a caller that
+        makes the fp32 flavour's calls itself on rows of n with the C sum of squares (kernels/stack_cpu.c);
+        None where those calls would not give torch's bits (the silu or the sum of squares for n failed
+        its check)."""
+        if self._silu_f32 is None or not self._sum_matches_torch(n, True):
+            return None
+        return (*(ct.cast(fn, ct.c_void_p).value for fn in (self._rms, self._rope, self._silu_f32)), self._exp8)
+
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
                    k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """qkv [T, (Hq + 2 Hkv) * D] fp32 (rows contiguous); cos, sin [T, D] fp32 contiguous; k, v:

@@ -3,10 +3,11 @@
 engine/feature_head.py's torch forward spends most of a drafting level's time dispatching some 25
 small ops (1.2 ms for two rows, of which the products are 0.3). `head_layer()` gives a HeadLayer
 where both libraries build: its products are dense_cpu.c's bf16 dot on CPUs with AVX512-BF16 (a
-drafter in bf16, its cache bf16), its bf16-weight product with the rows widened to fp32 on other AVX2
-CPUs (a drafter in fp32, its cache fp32); else None and the head keeps torch's ops. It computes in fp32 between bf16 products, the torch path
-in bf16: drafts, not the verifier's tokens, so the two need only agree closely
-(tests/kernels/test_head_layer.py bounds the difference and checks the cache writes).
+drafter in bf16, its cache bf16), its bf16-weight product with the rows widened to fp32 on other
+AVX2 CPUs (a drafter in fp32, its cache fp32); else None and the head keeps torch's ops. It
+computes in fp32 between bf16 products, the torch path in bf16: drafts, not the verifier's tokens,
+so the two need only agree closely (tests/kernels/test_head_layer.py bounds the difference and
+checks the cache writes).
 """
 
 from __future__ import annotations
@@ -77,8 +78,7 @@ class HeadLayer:
 
 def prepare(folder: Path | None) -> None:
     """Build the library into `folder` (the model cache's kernels/) where it serves, rather than at first use."""
-    if native.cpu_supported():
-        native.get("head_layer", folder)
+    native.get("head_layer", folder)  # (None, why) where it cannot build: no AVX2, no compiler
 
 
 def product_name() -> str:

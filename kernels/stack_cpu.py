@@ -55,11 +55,11 @@ def project(kernel: KernelMatmul) -> Proj:
 class Stack:
     """Every decoder layer of a LeanModel for one sequence of T <= SUM_ROWS rows, in one call."""
 
-    def __init__(self, fn, lean) -> None:
-        glue, found = lean.glue, lean.attention_kernels
+    def __init__(self, fn, lean, glue_addresses: tuple[int, int, int, int]) -> None:
+        found = lean.attention_kernels
         self.fn = fn
-        self.ops = Ops(address(lean.layers[0].qkv.packed.fn), address(glue._rms), address(glue._rope),
-                       address(glue._silu_f32), glue._exp8, address(found.rows), address(found.grouped))
+        self.ops = Ops(address(lean.layers[0].qkv.packed.fn), *glue_addresses, address(found.rows),
+                       address(found.grouped))
         self.layers = (Layer * len(lean.layers))(*[
             Layer(layer.norm_in[0].data_ptr(), layer.norm_post[0].data_ptr(), layer.norm_in[1], layer.norm_post[1],
                   layer.scaling, project(layer.qkv.packed), project(layer.o.packed), project(layer.gate_up.packed),
@@ -92,16 +92,14 @@ class Stack:
 
 def stack_for(lean) -> Stack | None:
     """A Stack for this LeanModel, or None where its layers do not all take the fp32 C path."""
-    glue = lean.glue
-    if glue is None or not lean.glue_fp32 or lean.attention_kernels is None or not lean.layers:
-        return None
-    if glue._silu_f32 is None or glue._exp8 is None:
+    if lean.glue is None or not lean.glue_fp32 or lean.attention_kernels is None or not lean.layers:
         return None
     projections = [p.packed for layer in lean.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     if not all(isinstance(p, KernelMatmul) for p in projections) or len({address(p.fn) for p in projections}) != 1:
         return None
     H, I, D = projections[1].N, projections[3].K, lean.head_dim
-    if I % 8 or D % 4 or D > 256 or lean.heads % lean.kv_heads or not glue._sum_matches_torch(H, True):
+    if I % 8 or D % 4 or D > 256 or lean.heads % lean.kv_heads:
         return None
+    glue_addresses = lean.glue.fp32_addresses(H)  # None where the C glue would not give torch's bits
     fn, _ = native.function("stack_cpu", "spectui_stack_forward", [I64, PTR, PTR, PTR, PTR])
-    return None if fn is None else Stack(fn, lean)
+    return None if fn is None or glue_addresses is None else Stack(fn, lean, glue_addresses)
