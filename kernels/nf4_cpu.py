@@ -58,7 +58,7 @@ def layout_problem(module) -> str | None:
         return "nested statistics or bitsandbytes' packed CPU layout"
     N, K = int(state.shape[0]), int(state.shape[1])
     bs = int(state.blocksize)
-    if N % ROWS or K % 16 or bs % 16 or K % bs:
+    if N % ROWS or bs % 32 or K % bs:
         return f"shape {N}x{K} with blocks of {bs}"
     if state.absmax.dtype != torch.float32 or module.weight.data.dtype != torch.uint8 or module.weight.device.type != "cpu":
         return "absmax or weights of another type or device"
