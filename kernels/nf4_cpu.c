@@ -68,7 +68,8 @@ static inline void decode32(const uint8_t *bytes, const Planes *p, __m256 s, __m
                                           4, 5, 6, 7, 4, 5, 6, 7, 12, 13, 14, 15, 12, 13, 14, 15);
     const __m256i shift = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0); /* high nibble, low nibble */
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)bytes));
-    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(b, pick), shift), _mm256_set1_epi8(0x0F));
+    const __m256i nibbles = _mm256_srlv_epi32(_mm256_shuffle_epi8(b, pick), shift);
+    const __m256i idx = _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F));
     const __m256i q0 = _mm256_shuffle_epi8(p->p0, idx), q1 = _mm256_shuffle_epi8(p->p1, idx);
     const __m256i q2 = _mm256_shuffle_epi8(p->p2, idx), q3 = _mm256_shuffle_epi8(p->p3, idx);
     const __m256i lo01 = _mm256_unpacklo_epi8(q0, q1), lo23 = _mm256_unpacklo_epi8(q2, q3); /* positions 0-7 */
@@ -115,9 +116,11 @@ static void dequant_rows(int64_t n0, int64_t K, const uint8_t *w, const float *a
 }
 
 /* y[m + i, n0 + r] for r < ROWS and three rows m, m + 1, m + 2 of xp, from dequantised scratch rows:
- * 12 accumulators, 4 weight vectors and 3 input vectors read per 12 fused multiply-adds. */
-static __attribute__((noinline)) void dot_rows_3(int64_t K, const float *x0, const float *x1, const float *x2, const float *scratch,
-                       float *y0, float *y1, float *y2) {
+ * 12 accumulators, 4 weight vectors and 3 input vectors read per 12 fused multiply-adds. Kept out of
+ * line, as dot_rows_1 is: inlined beside decode32, gcc read the weight vectors again for every input
+ * row (64 rows 163 -> 201 ms over the 30 layers). */
+static __attribute__((noinline)) void dot_rows_3(int64_t K, const float *x0, const float *x1, const float *x2,
+                                                 const float *scratch, float *y0, float *y1, float *y2) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
@@ -186,10 +189,11 @@ static void gemv_rows(int64_t n0, int64_t K, const float *x, const uint8_t *w, c
 }
 
 /* Two weight rows n0, n0 + 1 for M = rows = 2, 3 or 4 input rows (xs): each decoded chunk serves
- * every input row (a_i: input row i, weight row n0; b_i: weight row n0 + 1). Inlined into a function
- * per constant `rows` (gemv2_rows ...), so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void gemv_two_rows(int rows, int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w,
-                          const float *absmax, int64_t bs, const Planes *p, float *const ys[4]) {
+ * every input row (a_i: input row i, weight row n0; b_i: weight row n0 + 1). Inlined into gemv2_rows,
+ * gemv3_rows, gemv4_rows (FOR_ROWS). */
+#define INLINE static inline __attribute__((always_inline))
+INLINE void gemv_two_rows(int rows, int64_t n0, int64_t K, const float *const xs[8], const uint8_t *w,
+                          const float *absmax, int64_t bs, const Planes *p, float *const ys[8]) {
     const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
     const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
@@ -214,39 +218,40 @@ static inline __attribute__((always_inline)) void gemv_two_rows(int rows, int64_
     }
 }
 
-#define TWO_ROWS(rows)                                                                                        \
-    static void gemv##rows##_rows(int64_t n0, int64_t K, const float *const xs[4], const uint8_t *w,           \
-                                  const float *absmax, int64_t bs, const Planes *p, float *const ys[4]) {       \
-        gemv_two_rows(rows, n0, K, xs, w, absmax, bs, p, ys);                                                   \
+/* name(...): `inner` for a constant number of input rows (a function of its own, so that the compiler
+ * keeps the accumulators in registers and drops the rows that are not there). */
+#define FOR_ROWS(name, inner, rows)                                                                        \
+    static void name(int64_t n, int64_t K, const float *const xs[8], const uint8_t *w, const float *absmax,  \
+                     int64_t bs, const Planes *p, float *const ys[8]) {                                    \
+        inner(rows, n, K, xs, w, absmax, bs, p, ys);                                                         \
     }
-TWO_ROWS(2)
-TWO_ROWS(3)
-TWO_ROWS(4)
+FOR_ROWS(gemv2_rows, gemv_two_rows, 2)
+FOR_ROWS(gemv3_rows, gemv_two_rows, 3)
+FOR_ROWS(gemv4_rows, gemv_two_rows, 4)
 
-/* M = 5 to 8: one weight row at a time, each decoded chunk serving eight input rows (rows that are
- * not there read the last one again and write to `spare`). Same order per output. */
-static void gemv8_row(int64_t n, int64_t K, const float *const xs[8], const uint8_t *w, const float *absmax,
-                      int64_t bs, const Planes *p, float *const ys[8]) {
+/* M = rows = 5 to 8: one weight row at a time, each decoded chunk serving every input row; inlined
+ * into gemv5_row ... gemv8_row, so a tree of 5 rows does 5 rows' work, not 8 (5 rows: 28 -> 20 ms
+ * over the 30 layers). Same order per output. */
+INLINE void gemv_one_row(int rows, int64_t n, int64_t K, const float *const xs[8], const uint8_t *w,
+                         const float *absmax, int64_t bs, const Planes *p, float *const ys[8]) {
     const uint8_t *r = w + n * K / 2;
     const float *sc = absmax + n * (K / bs);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; /* in registers */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     CHUNKS(b) {
         DECODE(r, _mm256_set1_ps(sc[b]));
-        CHUNK2(a0, xs[0]); CHUNK2(a1, xs[1]); CHUNK2(a2, xs[2]); CHUNK2(a3, xs[3]);
-        CHUNK2(a4, xs[4]); CHUNK2(a5, xs[5]); CHUNK2(a6, xs[6]); CHUNK2(a7, xs[7]);
+        CHUNK2(a0, xs[0]); CHUNK2(a1, xs[1]); CHUNK2(a2, xs[2]); CHUNK2(a3, xs[3]); CHUNK2(a4, xs[4]);
+        if (rows > 5) CHUNK2(a5, xs[5]);
+        if (rows > 6) CHUNK2(a6, xs[6]);
+        if (rows > 7) CHUNK2(a7, xs[7]);
     }
-    ys[0][n] = hsum(a0); ys[1][n] = hsum(a1); ys[2][n] = hsum(a2); ys[3][n] = hsum(a3);
-    ys[4][n] = hsum(a4); ys[5][n] = hsum(a5); ys[6][n] = hsum(a6); ys[7][n] = hsum(a7);
+    const __m256 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int i = 0; i < rows; i++) ys[i][n] = hsum(a[i]);
 }
 
-/* xs[i], ys[i] for i < n: rows i of x and y, or, past row M - 1, x's last row again and `spare`. */
-static void row_views(int n, int64_t M, const float *x, int64_t ldx, float *y, int64_t ldy, float *spare,
-                      const float **xs, float **ys) {
-    for (int i = 0; i < n; i++) {
-        xs[i] = x + (i < M ? i : M - 1) * ldx;
-        ys[i] = i < M ? y + i * ldy : spare;
-    }
-}
+FOR_ROWS(gemv5_row, gemv_one_row, 5)
+FOR_ROWS(gemv6_row, gemv_one_row, 6)
+FOR_ROWS(gemv7_row, gemv_one_row, 7)
+FOR_ROWS(gemv8_row, gemv_one_row, 8)
 
 /* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits, x's rows read through xp (the header's order). */
 static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
@@ -259,25 +264,26 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
         return 0;
     }
     if (M <= 8) { /* 2-4 rows: two weight rows a pass (2 rows: 1.16x the 4-row path's speed here, 3 rows:
-                   * 1.12x); 5-8 rows: each decoded vector serves 8 rows */
-        const int P = M <= 4 ? (int)M : 8;
-        float *spare = (float *)malloc(sizeof(float) * N); /* outputs of missing rows, M < P */
-        if (spare == NULL) return 1;
+                   * 1.12x); 5-8 rows: one, each decoded vector serving every row */
         const float *xs[8];
         float *ys[8];
-        row_views(P, M, x, ldx, y, ldy, spare, xs, ys);
-        if (P <= 4) {
+        for (int i = 0; i < M; i++) {
+            xs[i] = x + i * ldx;
+            ys[i] = y + i * ldy;
+        }
+        if (M <= 4) {
             void (*two)(int64_t, int64_t, const float *const *, const uint8_t *, const float *, int64_t, const Planes *,
-                        float *const *) = P == 2 ? gemv2_rows : P == 3 ? gemv3_rows : gemv4_rows;
+                        float *const *) = M == 2 ? gemv2_rows : M == 3 ? gemv3_rows : gemv4_rows;
 #pragma omp parallel for schedule(static) num_threads(threads)
             for (int64_t g = 0; g < N / 2; g++)
                 two(g * 2, K, xs, w, absmax, bs, p, ys);
         } else {
+            void (*one)(int64_t, int64_t, const float *const *, const uint8_t *, const float *, int64_t, const Planes *,
+                        float *const *) = M == 5 ? gemv5_row : M == 6 ? gemv6_row : M == 7 ? gemv7_row : gemv8_row;
 #pragma omp parallel for schedule(static) num_threads(threads)
             for (int64_t n = 0; n < N; n++)
-                gemv8_row(n, K, xs, w, absmax, bs, p, ys);
+                one(n, K, xs, w, absmax, bs, p, ys);
         }
-        free(spare);
         return 0;
     }
     float *scratch = (float *)malloc(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, ROWS, K] */
