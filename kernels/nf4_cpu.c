@@ -39,9 +39,9 @@
 /* Decoding by byte shuffles. The code's 16 fp32 values go into four byte planes (plane k: byte k of
  * each value, the same in both 128-bit lanes); a chunk of 32 weights (16 bytes) is looked up in each
  * plane with vpshufb, and unpacking the four planes' bytes back together gives the code values,
- * which times the block's scale are W. (The lookup this replaces, two vpermps and a blend per 8
- * weights, was bound by vpermps, which issues once every two cycles on AMD Zen 3; the whole
- * one-row product went 1.2-1.3x faster, with the same bits.) */
+ * which times the block's scale are W. (The lookup this replaces, two lane-crossing vpermps and a
+ * blend per 8 weights, was most of a one-row product on AMD Zen 3, where vpermps is slow; with this
+ * one the one-row product runs 1.16-1.29x faster, with the same bits: docs/performance.md.) */
 typedef struct { __m256i p0, p1, p2, p3; } Planes;
 
 static Planes code_planes(const float *code) {
