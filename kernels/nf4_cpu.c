@@ -263,8 +263,7 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
             gemv_rows(g * ROWS, K, x, w, absmax, bs, p, y);
         return 0;
     }
-    if (M <= 8) { /* 2-4 rows: two weight rows a pass (2 rows: 1.16x the 4-row path's speed here, 3 rows:
-                   * 1.12x); 5-8 rows: one, each decoded vector serving every row */
+    if (M <= 8) { /* 2-4 rows: two weight rows a pass; 5-8 rows: one; each decoded chunk serving every row */
         const float *xs[8];
         float *ys[8];
         for (int i = 0; i < M; i++) {
