@@ -100,17 +100,14 @@ int spectui_dense_bf16(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
 }
 
 /* The same product for x in bf16 [M, ldx] (kernels/head_layer.c's rows on AVX2 CPUs, where its products
- * read bf16 inputs as spectui_dot_bf16's do): x widened to fp32 (exact), then spectui_dense_bf16.
+ * read bf16 inputs as spectui_dot_bf16's do): x widened to fp32 (exact, widen8), then spectui_dense_bf16.
  * Returns 0, or 1 if memory could not be allocated. */
 int spectui_dense_bf16_x16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
                            const float *bias, float *y, int64_t ldy, int threads) {
     float *wide = (float *)malloc(sizeof(float) * M * K); /* [M, K] */
     if (wide == NULL) return 1;
     for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K; k++) {
-            const uint32_t bits = (uint32_t)x[m * ldx + k] << 16;
-            memcpy(wide + m * K + k, &bits, 4);
-        }
+        for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(wide + m * K + k, widen8(x + m * ldx + k));
     spectui_dense_bf16(M, N, K, wide, K, w, bias, y, ldy, threads);
     free(wide);
     return 0;

@@ -143,7 +143,8 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
             denom += e;
             const __m256 ev = _mm256_set1_ps(e);
             const int64_t v = (g * cap + j) * D;
-            for (int64_t d = 0; d < D; d += 8) acc[d / 8] = _mm256_fmadd_ps(ev, cached8(vcache, v + d, kv_fp32), acc[d / 8]);
+            for (int64_t d = 0; d < D; d += 8)
+                acc[d / 8] = _mm256_fmadd_ps(ev, cached8(vcache, v + d, kv_fp32), acc[d / 8]);
         }
         float o[MAX_D];
         for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, acc[d / 8]);

@@ -31,9 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K) of one layer's products
 BLOCK = 64
-NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-       0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]
 
 
 def build(source: Path, out: Path):
@@ -72,8 +69,10 @@ def main() -> None:
         (tmp / "old").mkdir()
         libraries[args.against] = build(source_at(args.against, tmp / "old"), tmp / "old.so")
 
+    from bitsandbytes.functional import get_4bit_type
+
     gen = torch.Generator().manual_seed(0)
-    code = torch.tensor(NF4, dtype=torch.float32)
+    code = get_4bit_type("nf4", device="cpu").float().contiguous()  # [16]: bitsandbytes' own NF4 table
     layers = [(N, K, torch.randint(0, 256, (N * K // 2,), dtype=torch.uint8, generator=gen),
                torch.rand(N * K // BLOCK, generator=gen) * 0.1 + 0.01)
               for _ in range(args.layers) for N, K in SHAPES]

