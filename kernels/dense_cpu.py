@@ -139,26 +139,3 @@ def dense(weight: torch.Tensor, bias: torch.Tensor | None = None, folder: Path |
         return None
     fn, _ = native.function("dense_cpu", "spectui_dense_bf16", ARGTYPES, folder)
     return None if fn is None else DenseKernel(fn, weight, bias)
-
-
-# spectui_screen_candidates(M, V, g, bound, norm, slack, cap, idx, count, threads)
-CANDIDATE_ARGTYPES = [ct.c_int64, ct.c_int64] + [ct.c_void_p] * 4 + [ct.c_int64] + [ct.c_void_p] * 2 + [ct.c_int]
-
-
-def candidate_selector(folder: Path | None = None):
-    """dense_cpu.c's spectui_screen_candidates as g [M, V], bound [V], norms [M], slack [M], cap ->
-    (idx [M, cap], count [M]) (kernels/argmax_head.py), or None where the library is not built."""
-    fn, _ = native.function("dense_cpu", "spectui_screen_candidates", CANDIDATE_ARGTYPES, folder)
-    if fn is None:
-        return None
-
-    def select(g: torch.Tensor, bound: torch.Tensor, norms: torch.Tensor, slack: torch.Tensor, cap: int):
-        M, V = g.shape
-        g, norms, slack = g.float().contiguous(), norms.float().contiguous(), slack.float().contiguous()
-        idx = torch.empty(M, cap, dtype=torch.long)
-        count = torch.empty(M, dtype=torch.long)
-        fn(M, V, g.data_ptr(), bound.data_ptr(), norms.data_ptr(), slack.data_ptr(), cap, idx.data_ptr(), count.data_ptr(),
-           torch.get_num_threads())
-        return idx, count
-
-    return select

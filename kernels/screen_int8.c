@@ -134,13 +134,24 @@ static inline double lanes_sum(__m256i a) {
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 
-/* Layer row b's 16 codes at `piece` of the chunk, widened to int16, into a<b>0 against u (input row
- * x0) and a<b>1 against v (x1, when R == 2). */
-#define MADD_ROW(b)                                                                                          \
-    do {                                                                                                     \
-        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wr + VB * c + 64 * b + piece))); \
-        a##b##0 = _mm256_add_epi32(a##b##0, _mm256_madd_epi16(wv, u));                                      \
-        if (R == 2) a##b##1 = _mm256_add_epi32(a##b##1, _mm256_madd_epi16(wv, v));                          \
+/* Layer row b's 16 codes at `p`, widened to int16 (w), into a0 += madd(w, u) (input row x0) and, in
+ * ROW2, a1 += madd(w, v) (x1). Written in asm so that each widened row is used at once: through the
+ * intrinsics GCC widened the four rows first and spilled an accumulator to the stack every 16 columns
+ * (2 threads, 49,152 x 576 on the AVX2 EPYC: 8 rows 4.6 -> 3.3 ms, 4 rows 2.5 -> 2.0). */
+#define ROW1(p, a0)                                                                                        \
+    do {                                                                                                   \
+        __m256i w_, t_;                                                                                    \
+        __asm__("vpmovsxbw %[m], %[w]\n\tvpmaddwd %[u], %[w], %[t]\n\tvpaddd %[t], %[a], %[a]"              \
+                : [w] "=&x"(w_), [t] "=&x"(t_), [a] "+x"(a0)                                               \
+                : [m] "m"(*(const __m128i *)(p)), [u] "x"(u));                                             \
+    } while (0)
+#define ROW2(p, a0, a1)                                                                                    \
+    do {                                                                                                   \
+        __m256i w_, t_;                                                                                    \
+        __asm__("vpmovsxbw %[m], %[w]\n\tvpmaddwd %[u], %[w], %[t]\n\tvpaddd %[t], %[a], %[a]\n\t"         \
+                "vpmaddwd %[v], %[w], %[t]\n\tvpaddd %[t], %[b], %[b]"                                      \
+                : [w] "=&x"(w_), [t] "=&x"(t_), [a] "+x"(a0), [b] "+x"(a1)                                 \
+                : [m] "m"(*(const __m128i *)(p)), [u] "x"(u), [v] "x"(v));                                 \
     } while (0)
 
 /* Layer rows v0 .. v0 + 3 (codes wr: [D / 64][VB][64]) against the int16 rows x0 and x1 (R == 2)
@@ -149,15 +160,25 @@ static inline __attribute__((always_inline)) void block16(const int8_t *wr, cons
                                                           int64_t D, const int R, double *A) {
     const __m256i z = _mm256_setzero_si256();
     __m256i a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
-    for (int64_t c = 0; c < D; c += 64)
+    for (int64_t c = 0; c < D; c += 64) {
+        const int8_t *wc = wr + VB * c; /* the chunk's 4 rows of 64 codes */
+#pragma GCC unroll 4
         for (int piece = 0; piece < 64; piece += 16) {
             const __m256i u = _mm256_loadu_si256((const __m256i *)(x0 + c + piece));
-            const __m256i v = R == 2 ? _mm256_loadu_si256((const __m256i *)(x1 + c + piece)) : z;
-            MADD_ROW(0);
-            MADD_ROW(1);
-            MADD_ROW(2);
-            MADD_ROW(3);
+            if (R == 2) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(x1 + c + piece));
+                ROW2(wc + piece, a00, a01);
+                ROW2(wc + 64 + piece, a10, a11);
+                ROW2(wc + 128 + piece, a20, a21);
+                ROW2(wc + 192 + piece, a30, a31);
+            } else {
+                ROW1(wc + piece, a00);
+                ROW1(wc + 64 + piece, a10);
+                ROW1(wc + 128 + piece, a20);
+                ROW1(wc + 192 + piece, a30);
+            }
         }
+    }
     A[0] = lanes_sum(a00); A[2] = lanes_sum(a10); A[4] = lanes_sum(a20); A[6] = lanes_sum(a30);
     if (R == 2) { A[1] = lanes_sum(a01); A[3] = lanes_sum(a11); A[5] = lanes_sum(a21); A[7] = lanes_sum(a31); }
 }

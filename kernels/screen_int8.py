@@ -8,8 +8,9 @@ pass, so a tree's rows cost little more than one (2-core AMD EPYC, 49,152 x 576,
 1 row 0.6-1.2 ms, 4 rows 1.0, 8 rows 2.2-3.3, 16 rows 4.4-4.7; a row at a time it was 1.4-2.0,
 2.5-2.8, 5.1-7.9 and 9.5-12 ms), and the screen takes it for every call. With AVX2 alone
 (spectui_screen_int8_avx2: vpmaddwd on int16, the same integer sums, so the same bits) it takes
-1.1-1.3 ms a row, 2.6 for 4 rows, 5.0 for 8, 9.2 for 16, against 3.4-4.7, 4.9, 6.8 and 12.2 for
-dense_cpu.c's bf16 product it replaces there (2-core AMD EPYC, Zen 3, no AVX-512). The input
+1.1-1.3 ms a row, 2.0 for 4 rows and 3.3 for 8 (2.5 and 4.6 before its inner loop was written in
+asm), against 3.4-4.7, 4.9 and 6.8 for dense_cpu.c's bf16 product it replaced there (2-core AMD
+EPYC, Zen 3, no AVX-512). The input
 levels are made in C too (spectui_int8_levels), and drafters' output layers read their own int8
 copies through `product` alone (kernels/dense_cpu.py Int8Kernel).
 

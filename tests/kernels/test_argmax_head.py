@@ -77,23 +77,32 @@ def test_the_screens_error_bound_holds_with_room():
 
 @pytest.mark.parametrize("M,V", [(1, 4096), (3, 4101), (8, 4096)])
 @pytest.mark.parametrize("product", PRODUCTS[1:])
-def test_candidates_picked_in_c_are_the_sets_the_torch_ops_pick(M, V, product):
-    """dense_cpu.c's spectui_screen_candidates against C = {v : g_v + r_v >= max(g - r) - slack} in torch
-    (V = 4101: the AVX-512 loop's last 5 tokens go one at a time)."""
+def test_the_decision_in_c_picks_the_sets_and_tokens_torch_picks(M, V, product):
+    """kernels/screen_decide.c against the torch ops: its candidates are C = {v : g_v + r_v >= max(g - r) -
+    slack}, and its tokens those of decide_in_torch (V = 4101: the vector loops' last tokens go one at a
+    time)."""
     head, X = head_and_rows(5, V=V, ties=False, M=M)
     X[0] = 0  # a flat row: every token a candidate, more than the C list holds
     screen = ArgmaxScreen(head, product)
-    assert screen.select is not None and screen.screen_in_c(X) is not None
+    assert screen.decide is not None and screen.screen_in_c(X) is not None
     norms = X.norm(dim=-1) * (1 + 1e-5)
     slack = 2 * screen.eps_per_norm * norms
-    union, mine = screen.candidates(X, norms, slack)  # [U], [M, U]
+    idx, count, token, logit = screen.decide_in_c(X, screen.screen_in_c(X), norms, slack)
     g, r = screen.screen(X, norms)  # [V, M]: the same product, bounds in torch
     inside = (g + r) >= ((g - r).max(dim=0).values - slack)  # [V, M]
-    assert not mine[0].any() and int(inside[:, 0].sum()) == head.weight.shape[0]  # the flat row: none kept
+    assert int(count[0]) > 256 and int(token[0]) == -1 and int(inside[:, 0].sum()) == V  # the flat row: canonical
+    if M > 1:  # the other rows (the flat one would fill torch's union)
+        union, mine = screen.candidates(X[1:], norms[1:], slack[1:])
+        _, clear = screen.decide_in_torch(X[1:], union, mine)
     for m in range(1, M):
-        assert torch.equal(union[mine[m]], inside[:, m].nonzero().flatten())
-        assert 1 <= int(mine[m].sum()) < 64
+        assert torch.equal(idx[m, : count[m]], inside[:, m].nonzero().flatten())
+        assert 1 <= int(count[m]) < 64
+        assert bool(clear[m - 1]) == (int(token[m]) >= 0)  # decided, or a near-tie for both
+        if token[m] >= 0:
+            assert int(token[m]) == int(head.canonical(X[m]).argmax())
+            assert float(logit[m]) == pytest.approx(float(head.weight[token[m]] @ X[m]), rel=1e-5)
+    assert int((token[1:] >= 0).sum()) >= (M - 1) // 2
     got = screen(X)  # the flat row goes the canonical way
     assert screen.recomputed >= 1 and int(got[0].argmax()) == int(head.canonical(X[0]).argmax())
-    strided = torch.cat([X, X], dim=1)[:, : X.shape[1]]  # rows 2D apart: what the C product reads must be x's rows
+    strided = torch.cat([X, X], dim=1)[:, : X.shape[1]]  # rows 2D apart: what the C code reads must be x's rows
     assert torch.equal(screen(strided).argmax(-1), torch.stack([head.canonical(x) for x in X]).argmax(-1))
