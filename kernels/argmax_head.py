@@ -53,9 +53,10 @@ rest (ArgmaxScreen's docstring); the candidates and the near-tie rule are the sa
 After a C product the rest is C too (kernels/screen_decide.c): the candidates C (two passes over V
 a row with the fp32 arithmetic of the torch ops it replaced), then their fp32 logits, their bounds
 and the rule below, one call for every row; it replaced a dozen torch ops and a Python loop (on the
-AVX2 EPYC, 2 threads: 0.55 -> 0.05 ms for one row, 2.4 -> 0.3 ms for 8 rows).
+AVX2 EPYC, 2 threads: 0.52 -> 0.05 ms for one row, about 2.4 -> 0.12 ms for 8 rows).
 
-The rows returned are argmax-only: the candidates' fp32 logits, -inf elsewhere. Only greedy
+The rows returned are argmax-only: the decided token's fp32 logit (after a C product; every
+candidate's after torch's), -inf elsewhere. Only greedy
 decoding that displays nothing may use them (LeanModel.argmax_only); sampling and display read
 the full head.
 """
@@ -141,7 +142,8 @@ class ArgmaxScreen:
             low_norm = self.row_norm + self.rounding_norm  # >= |W_hi_v|
             self.kernel_bound = self.rounding_norm + self.gamma * (1 + 1e-3) * low_norm  # [V]: DENSE
             self.dot_bound = self.rounding_norm + (2.0**-8 + self.gamma * (1 + 2.0**-8) * (1 + 1e-3)) * low_norm  # DOT
-        self.decide = native.function("screen_decide", "spectui_screen_decide", DECIDE_ARGS)[0] if product != "torch" else None
+        self.decide = (native.function("screen_decide", "spectui_screen_decide", DECIDE_ARGS)[0]
+                       if product != "torch" and D % 8 == 0 else None)
         # the decision after a C product in C (None where screen_decide.c did not build: then in torch)
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
