@@ -251,6 +251,7 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         dense_cpu.prepare(kernel_dir)  # the output screen's product (and the drafters'), likewise
         head_layer.prepare(kernel_dir)  # a feature head's layer for a drafting level
         native.get("screen_int8", kernel_dir)  # the screen's int8 product (AVX512-VNNI or AVX2)
+        native.get("screen_decide", kernel_dir)  # and its decision among the candidates
         if quant in ("nf4", "fp4"):
             packed_4bit.prepare(kernel_dir)  # bitsandbytes' fused product, 8 rows a decoded weight (AVX512-BF16)
             native.get("glue_cpu", kernel_dir)  # the glue between LeanModel's kernels
