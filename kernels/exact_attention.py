@@ -178,14 +178,27 @@ def exp_table() -> ct.Array:
     return (ct.c_uint64 * 256)(*tab)
 
 
+def empty_rows(G: int, T: int, block: int) -> int:
+    """Rows the grouped kernel's tiles of 4 leave empty over the blocks of a kv head: a task of t tokens
+    has t G rows, padded to a multiple of 4."""
+    full, rest = divmod(T, block)
+    return sum(-(-rows // 4) * 4 - rows for rows in [block * G] * full + ([rest * G] if rest else []))
+
+
 @functools.lru_cache(maxsize=1024)
 def tokens_per_task(B: int, Hq: int, Hkv: int, T: int, threads: int) -> int | None:
-    """The grouped kernel's tokens a task: the most (of BLOCKS) that give every thread two tasks, else one
-    task; None (the per-row kernel) where a row would be alone in its task or a thread would stay idle."""
+    """The grouped kernel's tokens a task: of BLOCKS giving every thread a task, the one whose tiles leave
+    the fewest rows empty, then giving every thread two tasks, then the most tokens; None (the per-row
+    kernel) where a row would be alone in its task or a thread would stay idle. (With 3 query heads a kv
+    head, a block of 1 or 2 tokens leaves a quarter of each tile empty: at T = 4 a block of 4 ran 6-15 %
+    faster than one of 2, prefixes 100-800, on a 2-core AVX2 EPYC; docs/performance.md.)"""
     if T == 1 and Hq == Hkv:
         return None
     tasks = {b: B * Hkv * -(-T // b) for b in BLOCKS}
-    return next((b for b in BLOCKS if tasks[b] >= 2 * threads), next((b for b in BLOCKS if tasks[b] >= threads), None))
+    fits = [b for b in BLOCKS if tasks[b] >= threads]
+    if not fits:
+        return None
+    return min(fits, key=lambda b: (empty_rows(Hq // Hkv, T, min(b, T)), tasks[b] < 2 * threads, BLOCKS.index(b)))
 
 
 def native_attention(query, key, value, mask, scale: float, block: int | None = None,

@@ -196,9 +196,13 @@ def test_the_vector_exp_is_used_here():
 
 
 def test_routing():
-    """Tokens a task: the largest block giving two tasks a thread (else one); the per-row kernel where a
-    row would be alone in its task or there are fewer tasks than threads."""
+    """Tokens a task: of the blocks giving every thread a task, the fewest empty rows in the tiles of 4,
+    then two tasks a thread, then the largest block; the per-row kernel where a row would be alone in its
+    task or there are fewer tasks than threads."""
     assert ea.tokens_per_task(1, 9, 3, 1, threads=2) == 16  # 3 tasks of one token: T = 1 with 3 query heads a kv head
+    assert ea.tokens_per_task(1, 9, 3, 2, threads=2) == 1  # 6 tasks of 3 rows: as empty as 3 of 6, twice the tasks
+    assert ea.tokens_per_task(1, 9, 3, 4, threads=2) == 16  # 3 tasks of 12 rows: no empty row (blocks of 2: 4)
+    assert ea.empty_rows(3, 4, 4) == 0 and ea.empty_rows(3, 4, 2) == 4 and ea.empty_rows(3, 5, 4) == 1
     assert ea.tokens_per_task(1, 9, 3, 8, threads=2) == 4  # 6 tasks
     assert ea.tokens_per_task(1, 9, 3, 769, threads=2) == 16
     assert ea.tokens_per_task(1, 32, 32, 1, threads=2) is None  # one row a task: the per-row kernel
