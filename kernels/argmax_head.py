@@ -145,6 +145,7 @@ class ArgmaxScreen:
         self.decide = (native.function("screen_decide", "spectui_screen_decide", DECIDE_ARGS)[0]
                        if product != "torch" and D % 8 == 0 else None)
         # the decision after a C product in C (None where screen_decide.c did not build: then in torch)
+        self.weight = W.float().contiguous()  # [V, D] fp32, what the C decision reads (no copy: GuardedHead's)
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
 
@@ -186,7 +187,7 @@ class ArgmaxScreen:
         M, V = g.shape
         g, bound = g.float().contiguous(), bound.float().contiguous()
         norms, slack = norms.float().contiguous(), slack.float().contiguous()
-        W = self.head.weight.detach().float().contiguous()  # (no copy: GuardedHead keeps it so)
+        W = self.weight
         x = x if x.stride(-1) == 1 else x.contiguous()
         idx = torch.empty(M, MAX_CANDIDATES, dtype=torch.long)
         count, token = torch.empty(M, dtype=torch.long), torch.empty(M, dtype=torch.long)
@@ -196,7 +197,8 @@ class ArgmaxScreen:
                     count.data_ptr(), token.data_ptr(), logit.data_ptr(), torch.get_num_threads())
         return idx, count, token, logit
 
-    def decide_in_torch(self, x: torch.Tensor, union: torch.Tensor, mine: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def decide_in_torch(self, x: torch.Tensor, union: torch.Tensor,
+                        mine: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] and the candidates (union [U], mine [M, U]) -> (argmax-only logits [M, V], clear [M])."""
         M = x.shape[0]
         out = torch.full((M, self.head.weight.shape[0]), float("-inf"))

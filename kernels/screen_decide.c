@@ -8,9 +8,10 @@
  *
  * in idx[m * cap ..] (ascending v) and their number in count[m]; a row with more than cap stops
  * counting at cap + 1, and a row of NaNs has none. Two passes over V a row, 8 v at a time with AVX2
- * (16 with AVX-512), the fp32 operations of the torch version op for op (separate products and sums:
- * built with -ffp-contract=off); the maximum is exact in any order, and max(low, best) keeps best
- * where low is NaN, as `low > best ? low : best` does.
+ * (on AVX-512 CPUs too: the passes take a few hundredths of a ms a row), the fp32 operations of the
+ * torch version op for op (separate products and sums: built with -ffp-contract=off); the maximum
+ * is exact in any order, and max(low, best) keeps best where low is NaN, as `low > best ? low : best`
+ * does.
  *
  * Then, for a row with 1 .. cap candidates, each candidate's fp32 logit and its error bound
  *
@@ -26,6 +27,9 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "bf16.h"
 
 /* r_v = bound_v * norm + 2^-20 |g_v| + 1e-30, in that order, in fp32 */
 static inline float radius(float g, float bound, float n) { return bound * n + 0x1p-20f * fabsf(g) + 1e-30f; }
@@ -56,7 +60,7 @@ static inline float max8(__m256 v) {
     return best;
 }
 
-static int64_t candidates_avx2(int64_t V, const float *row, const float *bound, float n, float slack, int64_t cap,
+static int64_t candidates(int64_t V, const float *row, const float *bound, float n, float slack, int64_t cap,
                                int64_t *idx) {
     const __m256 nv = _mm256_set1_ps(n), tiny = _mm256_set1_ps(0x1p-20f), eps = _mm256_set1_ps(1e-30f);
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -73,7 +77,8 @@ static int64_t candidates_avx2(int64_t V, const float *row, const float *bound, 
     int64_t c = 0;
     for (int64_t v = 0; v < whole && c <= cap; v += 8) {
         const __m256 g = _mm256_loadu_ps(row + v);
-        int k = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(g, R_OF(g, _mm256_loadu_ps(bound + v))), floorv, _CMP_GE_OQ));
+        const __m256 high = _mm256_add_ps(g, R_OF(g, _mm256_loadu_ps(bound + v)));
+        int k = _mm256_movemask_ps(_mm256_cmp_ps(high, floorv, _CMP_GE_OQ));
         for (; k && c <= cap; k &= k - 1) {
             if (c < cap) idx[c] = v + __builtin_ctz(k);
             c++;
@@ -81,41 +86,6 @@ static int64_t candidates_avx2(int64_t V, const float *row, const float *bound, 
     }
 #undef R_OF
     return pick_tail(whole, V, row, bound, n, floor, cap, idx, c);
-}
-
-#define TARGET512 __attribute__((target("avx512f")))
-TARGET512 static int64_t candidates_512(int64_t V, const float *row, const float *bound, float n, float slack,
-                                        int64_t cap, int64_t *idx) {
-    const __m512 nv = _mm512_set1_ps(n), tiny = _mm512_set1_ps(0x1p-20f), eps = _mm512_set1_ps(1e-30f);
-    const int64_t whole = V - V % 16;
-#define R_OF(g, b) _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(b, nv), _mm512_mul_ps(tiny, _mm512_abs_ps(g))), eps)
-    __m512 bestv = _mm512_set1_ps(-INFINITY);
-    for (int64_t v = 0; v < whole; v += 16) {
-        const __m512 g = _mm512_loadu_ps(row + v);
-        bestv = _mm512_max_ps(_mm512_sub_ps(g, R_OF(g, _mm512_loadu_ps(bound + v))), bestv);
-    }
-    float lanes[16], best = -INFINITY;
-    _mm512_storeu_ps(lanes, bestv);
-    for (int j = 0; j < 16; j++) best = lanes[j] > best ? lanes[j] : best;
-    const float floor = floor_tail(whole, V, row, bound, n, best) - slack;
-    const __m512 floorv = _mm512_set1_ps(floor);
-    int64_t c = 0;
-    for (int64_t v = 0; v < whole && c <= cap; v += 16) {
-        const __m512 g = _mm512_loadu_ps(row + v);
-        __mmask16 k = _mm512_cmp_ps_mask(_mm512_add_ps(g, R_OF(g, _mm512_loadu_ps(bound + v))), floorv, _CMP_GE_OQ);
-        for (; k && c <= cap; k &= k - 1) {
-            if (c < cap) idx[c] = v + __builtin_ctz(k);
-            c++;
-        }
-    }
-#undef R_OF
-    return pick_tail(whole, V, row, bound, n, floor, cap, idx, c);
-}
-
-static inline float sum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 /* h = w . x and a = sum |w_i x_i|, both in fp32 over D (D % 8 == 0) */
@@ -127,7 +97,7 @@ static void dot_and_abs(int64_t D, const float *w, const float *x, float *h, flo
         hv = _mm256_add_ps(hv, p);
         av = _mm256_add_ps(av, _mm256_andnot_ps(sign, p));
     }
-    *h = sum8(hv), *a = sum8(av);
+    *h = hsum(hv), *a = hsum(av);
 }
 
 /* the row's token from its n candidates idx (1 <= n <= cap <= 256), or -1 (a near-tie) */
@@ -155,12 +125,10 @@ int spectui_screen_decide(int64_t M, int64_t V, int64_t D, const float *g, const
                           const float *slack, int64_t cap, const float *W, const float *x, int64_t ldx, float c,
                           int64_t *idx, int64_t *count, int64_t *token, float *logit, int threads) {
     if (cap > 256) return 1;
-    const int wide = __builtin_cpu_supports("avx512f");
 #pragma omp parallel for schedule(static) num_threads(threads > 0 && M > 1 ? threads : 1)
     for (int64_t m = 0; m < M; m++) {
         int64_t *mine = idx + m * cap;
-        const int64_t n = wide ? candidates_512(V, g + m * V, bound, norm[m], slack[m], cap, mine)
-                               : candidates_avx2(V, g + m * V, bound, norm[m], slack[m], cap, mine);
+        const int64_t n = candidates(V, g + m * V, bound, norm[m], slack[m], cap, mine);
         count[m] = n;
         logit[m] = 0.0f;
         token[m] = n >= 1 && n <= cap ? decide_row(D, W, x + m * ldx, mine, n, c, logit + m) : -1;
