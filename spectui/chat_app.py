@@ -79,7 +79,7 @@ class ChatApp(HistoryActions, MessageActions, ModelActions, SpecTuiApp):
     @property
     def engine(self):
         """The ready EngineWorker, or None (loading, failed, dead, or no model; or ready in the link's thread
-        while its ModelsLoaded, which sets `info`, is still on its way here after a switch)."""
+        while its ModelsLoaded, which sets `info` and closes the loading screen, is still on its way here)."""
         return self.link.worker if self.link.state == "ready" and self.info is not None else None
 
     # ---- start-up
@@ -112,7 +112,7 @@ class ChatApp(HistoryActions, MessageActions, ModelActions, SpecTuiApp):
         """Start the engine process unless one is starting or running (Retry, Restart, start-up)."""
         if not self.link.start():
             return False
-        self.load_error = None
+        self.load_error = self.info = None  # `engine` stays None until this load's ModelsLoaded arrives
         self.chat.status.state = "loading…"
         self.push_screen(LoadingScreen(f"Loading {self.run_spec.model} ({self.run_spec.quant})"))
         return True
