@@ -24,7 +24,9 @@ from .train import LOGIT_CHUNK, Sequence, collate, make_batches
 def predict_topk_features(head, seqs: list[Sequence], k: int, tick: Callable[[int], None] = lambda n: None) -> list[torch.Tensor]:
     """A feature head (engine/feature_head.py), teacher-forced as it drafts a first level: at position
     t >= 1 it reads the token x_t and the verifier's feature f_{t-1} (one verifier pass per sequence)
-    -> per sequence its top-k tokens at each target position [len(targets), k]."""
+    -> per sequence its top-k tokens at each target position [len(targets), k]. As in the engine
+    (feature_drafter.py), a long prompt is fed from its last CATCH_UP_WINDOW positions on."""
+    from ..feature_drafter import CATCH_UP_WINDOW
     from ..lean_model import LeanModel
 
     runner = LeanModel(head.verifier)
@@ -35,9 +37,11 @@ def predict_topk_features(head, seqs: list[Sequence], k: int, tick: Callable[[in
         runner.forward_chain(seq.ids, last_only=True)
         features = runner.hidden[0]  # [L, H]
         L = len(seq.ids)
-        predicted, _ = head(torch.tensor([seq.ids[1:]]), features[None, : L - 1], torch.arange(1, L)[None])  # [1, L-1, H]
-        top = head.vocab_ids[torch.topk(head.draft_logits(predicted[0]).float(), k, dim=-1).indices]  # position t = row t-1
-        out.append(top[max(seq.start - 1, 0) : L - 2] if seq.start >= 1 else torch.cat([top[:1], top[: L - 2]]))
+        off = max(0, seq.start - CATCH_UP_WINDOW)  # positions 1 .. off are not fed
+        predicted, _ = head(torch.tensor([seq.ids[off + 1 :]]), features[None, off : L - 1],
+                            torch.arange(off + 1, L)[None])  # [1, L-1-off, H]
+        top = head.vocab_ids[torch.topk(head.draft_logits(predicted[0]).float(), k, dim=-1).indices]  # position t = row t-1-off
+        out.append(top[max(seq.start - 1, 0) - off : L - 2 - off] if seq.start >= 1 else torch.cat([top[:1], top[: L - 2]]))
         tick(L)
     runner.reset()
     return out

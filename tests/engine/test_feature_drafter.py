@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spectui.engine import feature_drafter
 from spectui.engine.feature_drafter import FeatureDrafter
 from spectui.engine.feature_head import FeatureHead, FeatureHeadConfig, is_feature_head
 from spectui.engine.tree import TokenTree
@@ -94,6 +95,35 @@ def test_rewind_keeps_the_shared_prefix(head):
     assert torch.allclose(drafter.catch_up(new_prompt), fresh.catch_up(new_prompt), atol=1e-5)
 
 
+def test_a_fresh_cache_is_fed_the_last_window_of_a_long_prompt(head, monkeypatch):
+    monkeypatch.setattr(feature_drafter, "CATCH_UP_WINDOW", 8)
+    committed, feats, drafter = primed(head, seed=5, tokens=21, positions=40, known=20)
+    root = drafter.catch_up(committed)  # n = 20: positions 13 .. 20 fed, slots 0 .. 7
+    assert (drafter.offset, drafter.fed, drafter.fed_last) == (12, 8, 8)
+    with torch.no_grad():  # the head's causal forward over positions 13 .. 20 alone
+        out, _ = head(torch.tensor([committed[13:21]]), feats[None, 12:20], torch.arange(13, 21)[None])
+    assert torch.allclose(root, out[0, -1], atol=1e-5)
+    # a drafted node sees the window's slots and the root's f^, at position 21
+    tree = TokenTree.with_root(committed[-1])
+    child = drafter.begin(committed, tree, 0, 2)[0]
+    drafter.expand(tree, 0, [child], 1)
+    with torch.no_grad():
+        out, _ = head(torch.tensor([committed[13:21] + [tree.tokens[child]]]),
+                      torch.cat([feats[12:20], root[None]])[None], torch.arange(13, 22)[None])
+    assert torch.allclose(drafter.own_feature[child], out[0, -1], atol=1e-5)
+    drafter.finish()
+    # the next step extends the window; features that change before it empty the cache
+    committed = committed + [7, 8]
+    drafter.take_features(20, feats[20:22])
+    drafter.catch_up(committed)
+    assert (drafter.offset, drafter.fed, drafter.fed_last) == (12, 10, 2)  # positions 21, 22
+    drafter.take_features(10, feats[10:22])  # positions from 10 on changed: every slot reads one of them
+    assert (drafter.offset, drafter.fed) == (0, 0)
+    drafter.rewind(committed[:30])
+    drafter.catch_up(committed)
+    assert (drafter.offset, drafter.fed) == (14, 8)
+
+
 def test_save_and_load_keep_the_outputs(head, tmp_path):
     head.save(tmp_path / "fh", {"note": "test"})
     assert is_feature_head(tmp_path / "fh") and not is_feature_head(tmp_path)
@@ -105,10 +135,14 @@ def test_save_and_load_keep_the_outputs(head, tmp_path):
     assert torch.allclose(chain_features(loaded, tokens, prev), chain_features(head, tokens, prev), atol=0.1)
 
 
-def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models):
+@pytest.mark.parametrize("window", [None, 8])
+def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models, monkeypatch, window):
     """`spectui tune-eval` measures a feature head teacher-forced (engine/tune/evaluate.py): its top-k at
     each answer position must be the children the FeatureDrafter hangs under the root there, with the
-    features the engine hands it (the verifier's, from its own passes)."""
+    features the engine hands it (the verifier's, from its own passes); with a window shorter than the
+    prompt too (the drafter first runs at the answer's start, as tune-eval assumes)."""
+    if window is not None:
+        monkeypatch.setattr(feature_drafter, "CATCH_UP_WINDOW", window)
     from spectui.engine.lean_model import LeanModel
     from spectui.engine.tune.evaluate import predict_topk
     from spectui.engine.tune.train import Sequence
@@ -125,11 +159,14 @@ def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models):
     assert top.shape == (len(seq.targets), 3)
     runner = LeanModel(verifier)
     runner.keep_hidden = True
+    drafter, known = FeatureDrafter("feature", head), 0
     for t in (15, 19, 22):  # the head's guesses for ids[t + 1], made at position t
         runner.reset()
         runner.forward_chain(ids[:t], last_only=True)  # the verifier's features f_0 .. f_{t-1}
-        drafter = FeatureDrafter("feature", head)
-        drafter.take_features(0, runner.hidden[0])
+        drafter.take_features(known, runner.hidden[0][known:])  # as the engine hands them over, step by step
+        known = t
         tree = TokenTree.with_root(ids[t])
         children = drafter.begin(ids[: t + 1], tree, 0, 3)
+        drafter.finish()
+        assert drafter.offset == (0 if window is None else 15 - window)
         assert [tree.tokens[c] for c in children] == top[t - seq.start].tolist()
