@@ -15,7 +15,7 @@ A fresh cache takes only the last CATCH_UP_WINDOW committed positions: slot j th
 offset + j + 1 (offset = the positions never fed). RoPE makes the head's attention depend on
 relative positions alone, so this is the head run over the prompt's tail. On long prompts it is
 as good and far cheaper: teacher-forced top-1 over the verifier's greedy answers (64 tokens) to 8
-summarization + 8 RAG prompts of spec_bench_dev.jsonl (725-862 prompt tokens), the whole prompt fed
+summarization + 8 RAG prompts of spec_bench_dev.jsonl (449-862 prompt tokens), the whole prompt fed
 33.1 %, its last 256 positions 33.4 %, 128 33.9 %, 64 33.6 %; the first catch-up 87 -> 16 ms at 128
 (2-core AMD EPYC; the head was trained on answers of at most 160 tokens). Later catch-ups extend
 the cache as before.
@@ -49,8 +49,9 @@ class FeatureDrafter:
         self.dtype = head.fc.weight.dtype
         self.features = torch.zeros(MIN_CAPACITY, c.hidden, dtype=self.dtype)  # [capacity, H]: f_p at row p
         self.known = 0  # features known for positions 0 .. known-1
-        self.tokens: list[int] = []  # committed tokens at positions 0 .. fed (those the slots were fed with)
-        self.kv = torch.zeros(2, 1, c.kv_heads, MIN_CAPACITY, c.head_dim, dtype=self.dtype)  # slot j: position offset + j + 1
+        self.tokens: list[int] = []  # committed tokens at positions 0 .. offset + fed
+        # slot j: position offset + j + 1
+        self.kv = torch.zeros(2, 1, c.kv_heads, MIN_CAPACITY, c.head_dim, dtype=self.dtype)
         self.offset = 0  # committed positions 1 .. offset never fed (a fresh cache's window starts after them)
         self.fed = 0  # committed slots (positions offset + 1 .. offset + fed)
         self.used = 0  # slots in use, drafted ones included
