@@ -145,6 +145,7 @@ async def test_generation_failures_are_shown_and_the_conversation_kept(model_hom
         assert app.link.starts == 2
         await wait_for(pilot, lambda: app.engine is not None or app.load_error, 300, "the restart")
         assert app.load_error is None and app.engine.process.pid != first_pid
+        assert not isinstance(app.screen, LoadingScreen)  # a ready engine means the loading screen is gone
         app.config.max_new_tokens = 8
         await pilot.click("#prompt")
         await pilot.press("enter")
