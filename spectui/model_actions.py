@@ -30,8 +30,7 @@ class ModelActions:
     async def switch_model(self, model: str, speculators: str) -> None:
         """Close the engine (ready, loading, failed or dead) and start one for this model."""
         self.model_to_save = (model, speculators)
-        self.link.switch(model, speculators)
-        self.info = None
+        self.link.switch(model, speculators)  # start_engine below clears `info`: no engine until it loads
         status = self.chat.status
         status.model, status.ssms, status.device, status.engine_pid = model, "-", "-", 0
         self.chat.set_notice(None)
