@@ -38,6 +38,12 @@ MIN_CAPACITY = 256
 CATCH_UP_WINDOW = 128  # committed positions a fresh cache is fed at most (the module docstring)
 
 
+def window_offset(root: int) -> int:
+    """Positions 1 .. offset a fresh cache never feeds when its root is at position `root`: it is fed
+    positions offset + 1 .. root, at most CATCH_UP_WINDOW of them (tune-eval feeds the same)."""
+    return max(0, root - CATCH_UP_WINDOW)
+
+
 class FeatureDrafter:
     kind = "model"
     wants_features = True
@@ -129,7 +135,7 @@ class FeatureDrafter:
         self._keep_slots(committed)
         self._cut(n - 1 - self.offset)  # the root is always fed again: its output is needed
         if self.fed == 0:
-            self.offset = max(0, n - CATCH_UP_WINDOW)
+            self.offset = window_offset(n)
         positions = list(range(self.offset + self.fed + 1, n + 1))
         prev = torch.stack([self._prev(p) for p in positions])  # [T, H]
         self.fed_last = len(positions)

@@ -26,7 +26,7 @@ def predict_topk_features(head, seqs: list[Sequence], k: int, tick: Callable[[in
     t >= 1 it reads the token x_t and the verifier's feature f_{t-1} (one verifier pass per sequence)
     -> per sequence its top-k tokens at each target position [len(targets), k]. As in the engine
     (feature_drafter.py), a long prompt is fed from its last CATCH_UP_WINDOW positions on."""
-    from ..feature_drafter import CATCH_UP_WINDOW
+    from ..feature_drafter import window_offset
     from ..lean_model import LeanModel
 
     runner = LeanModel(head.verifier)
@@ -37,7 +37,7 @@ def predict_topk_features(head, seqs: list[Sequence], k: int, tick: Callable[[in
         runner.forward_chain(seq.ids, last_only=True)
         features = runner.hidden[0]  # [L, H]
         L = len(seq.ids)
-        off = max(0, seq.start - CATCH_UP_WINDOW)  # positions 1 .. off are not fed
+        off = window_offset(seq.start)  # positions 1 .. off are not fed (the first root is at seq.start)
         predicted, _ = head(torch.tensor([seq.ids[off + 1 :]]), features[None, off : L - 1],
                             torch.arange(off + 1, L)[None])  # [1, L-1-off, H]
         top = head.vocab_ids[torch.topk(head.draft_logits(predicted[0]).float(), k, dim=-1).indices]  # position t = row t-1-off
