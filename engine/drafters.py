@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.dense_cpu import softmax_top, softmax_top_function
 from .acceptance_model import match_bin, prob_bin
 from .lean_model import runner_for
 from .tree import TokenTree
@@ -132,11 +133,16 @@ def hang_top(tree: TokenTree, source: int, parents: list[int], logits: torch.Ten
     """Hang each parent's top-`width` tokens of softmax(logits[row]) ([F, V']) under parents[row], with
     their probability and confidence bin; `vocab` maps column j to its token id (default: j itself).
     Returns the ids of the new candidates."""
-    top = torch.topk(torch.softmax(logits, dim=-1), width, dim=-1)  # [F, width]
-    tokens = top.indices if vocab is None else vocab[top.indices]  # [F, width] token ids
+    columns, probs = softmax_top(logits.float().contiguous(), width, softmax_top_function())  # [F, width] each
+    return hang_ranked(tree, source, parents, columns if vocab is None else vocab[columns], probs)
+
+
+def hang_ranked(tree: TokenTree, source: int, parents: list[int], tokens: torch.Tensor, probs: torch.Tensor) -> list[int]:
+    """Hang tokens[row] ([F, width] token ids, likeliest first) under parents[row] with their draft
+    probabilities probs[row] ([F, width]) and confidence bins. Returns the ids of the new candidates."""
     added = []
-    for row, parent in enumerate(parents):
-        for prob, token in zip(top.values[row].tolist(), tokens[row].tolist()):
+    for parent, row_tokens, row_probs in zip(parents, tokens.tolist(), probs.tolist()):
+        for token, prob in zip(row_tokens, row_probs):
             added.append(tree.add(parent, token, source, prob, prob_bin(prob)))
     return added
 

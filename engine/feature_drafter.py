@@ -30,7 +30,7 @@ import torch
 
 from ..kernels.head_layer import MAX_ROWS as MAX_KERNEL_ROWS
 from .acceptance_model import prob_bin
-from .drafters import hang_top
+from .drafters import hang_ranked
 from .feature_head import FeatureHead
 from .tree import TokenTree
 
@@ -75,11 +75,15 @@ class FeatureDrafter:
 
     def _keep_slots(self, tokens: list[int]) -> int:
         """Keep the slots of the positions whose tokens `tokens` shares -> the shared prefix length."""
-        shared = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            shared += 1
+        seen = len(self.tokens)
+        if seen <= len(tokens) and tokens[:seen] == self.tokens:  # a step's usual case: they extend those seen
+            shared = seen
+        else:
+            shared = 0
+            for a, b in zip(self.tokens, tokens):
+                if a != b:
+                    break
+                shared += 1
         self._cut(shared - 1 - self.offset)
         return shared
 
@@ -136,8 +140,12 @@ class FeatureDrafter:
         self._cut(n - 1 - self.offset)  # the root is always fed again: its output is needed
         if self.fed == 0:
             self.offset = window_offset(n)
-        positions = list(range(self.offset + self.fed + 1, n + 1))
-        prev = torch.stack([self._prev(p) for p in positions])  # [T, H]
+        first = self.offset + self.fed + 1
+        positions = list(range(first, n + 1))
+        if n <= self.known:  # f_{first - 1} .. f_{n - 1}, all given
+            prev = self.features[first - 1 : n]  # [T, H]
+        else:
+            prev = torch.stack([self._prev(p) for p in positions])  # [T, H]
         self.fed_last = len(positions)
         out = self._run([committed[p] for p in positions], prev, positions, None)
         self.fed = n - self.offset
@@ -146,7 +154,8 @@ class FeatureDrafter:
 
     # ------------------------------------------------------------ drafting
     def _hang(self, tree: TokenTree, source: int, parents: list[int], features: torch.Tensor, width: int) -> list[int]:
-        return hang_top(tree, source, parents, self.head.draft_logits(features).float(), width, self.head.vocab_ids)  # [F, Vd]
+        tokens, probs = self.head.top(self.head.draft_logits(features), width)  # [F, width] each
+        return hang_ranked(tree, source, parents, tokens, probs)
 
     def begin(self, committed: list[int], tree: TokenTree, source: int, width: int) -> list[int]:
         root = self.catch_up(committed)  # [H]

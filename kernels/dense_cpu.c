@@ -17,6 +17,7 @@
  * rows go in blocks of M_BLOCK so that a block of x stays in cache while the weights stream by.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -110,6 +111,77 @@ int spectui_dense_bf16_x16(int64_t M, int64_t N, int64_t K, const uint16_t *x, i
         for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(wide + m * K + k, widen8(x + m * ldx + k));
     spectui_dense_bf16(M, N, K, wide, K, w, bias, y, ldy, threads);
     free(wide);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- a drafter's top tokens: spectui_softmax_top
+ *
+ * For each row g [V] of a drafter's logits (its output layer's product above or screen_int8.c's), the k
+ * largest entries and their softmax probabilities, in one pass for the top-k and one for the sum:
+ *
+ *     idx    the columns of the k largest g, largest first (ties: the lower column first)
+ *     prob   exp(g_idx - m) / sum_j exp(g_j - m),   m = max_j g_j
+ *
+ * what torch.topk(torch.softmax(g), k) gives, without its dozen dispatched ops a drafting level
+ * (drafts need no exact probabilities: they rank tokens and pick an acceptance bin). exp is
+ * Cephes' single-precision polynomial (relative error about 1e-7) on g - m <= 0, clamped at -87. */
+
+/* exp(x) for 8 lanes of x <= 0 */
+static inline __m256 exp8_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); /* x / ln 2 */
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));    /* x - n ln 2, in two parts */
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)); /* p 2^n */
+}
+
+#define TOP_MAX 16
+
+/* g [M, V] fp32 (V % 8 == 0), k <= TOP_MAX and <= V -> idx [M, k] int64, prob [M, k] fp32. Returns 0, or 1 for a k
+ * out of range. */
+int spectui_softmax_top(int64_t M, int64_t V, const float *g, int64_t k, int64_t *idx, float *prob) {
+    if (k < 1 || k > TOP_MAX || k > V || V % 8) return 1;
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = g + m * V;
+        float best[TOP_MAX];
+        int64_t at[TOP_MAX];
+        for (int i = 0; i < k; i++) best[i] = -INFINITY, at[i] = i;
+        for (int64_t j0 = 0; j0 < V; j0 += 8) {
+            int above = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + j0), _mm256_set1_ps(best[k - 1]), _CMP_GT_OQ));
+            while (above) { /* insert each lane above the k-th best so far, in column order */
+                const int lane = __builtin_ctz(above);
+                above &= above - 1;
+                const float v = row[j0 + lane];
+                if (!(v > best[k - 1])) continue; /* an earlier lane of these 8 raised the bar */
+                int i = (int)k - 1;
+                for (; i > 0 && v > best[i - 1]; i--) best[i] = best[i - 1], at[i] = at[i - 1];
+                best[i] = v, at[i] = j0 + lane;
+            }
+        }
+        const float top = best[0];
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t j0 = 0; j0 < V; j0 += 8)
+            sum = _mm256_add_ps(sum, exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j0), _mm256_set1_ps(top))));
+        const float total = hsum(sum);
+        for (int64_t i0 = 0; i0 < k; i0 += 8) {
+            float part[8], es[8];
+            for (int i = 0; i < 8; i++) part[i] = i0 + i < k ? best[i0 + i] - top : 0.0f;
+            _mm256_storeu_ps(es, exp8_nonpositive(_mm256_loadu_ps(part)));
+            for (int i = 0; i < 8 && i0 + i < k; i++) {
+                idx[m * k + i0 + i] = at[i0 + i];
+                prob[m * k + i0 + i] = es[i] / total;
+            }
+        }
+    }
     return 0;
 }
 

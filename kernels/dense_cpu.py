@@ -18,6 +18,11 @@ nothing); drafting needs speed, not the verifier's rounding. The verifier's own 
 from it: its one other user is the output layer's argmax screen (kernels/argmax_head.py: DenseKernel
 on AVX2, DotKernel.loop on AVX512-BF16 for a few columns), which only shortlists candidates under a
 proven rounding bound and takes every decided logit from the fp32 head.
+
+A drafting level then wants each row's few likeliest tokens and their probabilities: `softmax_top`
+(dense_cpu.c spectui_softmax_top) gives them in one call where torch takes a softmax, a top-k and
+their dispatch (with the head run every step, its drafting fell from 2.34 to 2.18 ms a run on a
+2-core AVX2 EPYC with this and two Python cuts in FeatureDrafter.catch_up; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ ARGTYPES = [ct.c_int64, ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_vo
             ct.c_int64, ct.c_int]
 # spectui_dot_bf16 takes the same arguments (x bf16); up to this many rows, then torch's product
 DOT_MAX_ROWS = 3
+# spectui_softmax_top(M, V, g, k, idx, prob): a drafter's top-k tokens and their probabilities
+TOP_ARGS = [ct.c_int64, ct.c_int64, ct.c_void_p, ct.c_int64, ct.c_void_p, ct.c_void_p]
+TOP_MAX = 16  # the C function's largest k
 
 
 class DenseKernel:
@@ -98,6 +106,27 @@ class Int8Kernel:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.screen.product(x.reshape(-1, self.K)).view(*x.shape[:-1], self.N)
+
+
+def softmax_top_function():
+    """dense_cpu.c's spectui_softmax_top where it builds, else None (softmax_top then takes torch's ops)."""
+    return native.function("dense_cpu", "spectui_softmax_top", TOP_ARGS)[0]
+
+
+def softmax_top(logits: torch.Tensor, k: int, fn=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [M, V] -> (columns [M, k] int64, largest first; their probabilities under softmax(logits)
+    [M, k] fp32): torch.topk(torch.softmax(logits, -1), k), in one call of dense_cpu.c's spectui_softmax_top
+    where `fn` is it (softmax_top_function(); fp32 contiguous CPU logits, V % 8 == 0, k <= TOP_MAX), else
+    through those torch ops."""
+    M, V = logits.shape
+    if (fn is None or k > TOP_MAX or k > V or V % 8 or logits.dtype != torch.float32 or logits.device.type != "cpu"
+            or not logits.is_contiguous()):
+        top = torch.topk(torch.softmax(logits.float(), dim=-1), k, dim=-1)
+        return top.indices, top.values
+    idx = torch.empty(M, k, dtype=torch.int64)
+    prob = torch.empty(M, k, dtype=torch.float32)
+    fn(M, V, logits.data_ptr(), k, idx.data_ptr(), prob.data_ptr())
+    return idx, prob
 
 
 def drafter_kernel(weight: torch.Tensor, bias: torch.Tensor | None = None):

@@ -160,3 +160,35 @@ def test_the_dot_kernel_serves_bf16_drafters():
         fast, _ = head(tokens, prev, positions)
         assert fast.dtype == torch.bfloat16
         assert torch.allclose(fast.float(), plain.float(), atol=0.03 * plain.abs().max().item())
+
+
+@pytest.mark.parametrize("M,V", [(1, 8192), (3, 8192), (2, 64), (1, 8)])
+@pytest.mark.parametrize("k", [1, 2, 3, 8, 16])
+def test_softmax_top_is_torchs_topk_of_the_softmax(M, V, k):
+    """spectui_softmax_top: the k largest columns, largest first, and their softmax probabilities."""
+    if k > V:
+        return
+    fn = dense_cpu.softmax_top_function()
+    assert fn is not None
+    torch.manual_seed(M * 100 + V + k)
+    logits = torch.randn(M, V) * 4
+    logits[0, V // 2] = 30.0  # a peaked row: the rest of its mass is tiny but counted
+    columns, probs = dense_cpu.softmax_top(logits, k, fn)
+    want = torch.topk(torch.softmax(logits.double(), dim=-1), k, dim=-1)
+    assert columns.shape == probs.shape == (M, k) and columns.dtype == torch.int64 and probs.dtype == torch.float32
+    assert torch.equal(columns, want.indices)
+    assert torch.allclose(probs.double(), want.values, rtol=1e-5, atol=1e-9)
+    assert torch.equal(dense_cpu.softmax_top(logits, k, None)[0], want.indices)  # torch's ops without the C function
+
+
+def test_softmax_top_breaks_ties_towards_the_lower_column_and_falls_back_where_it_cannot_run():
+    fn = dense_cpu.softmax_top_function()
+    logits = torch.zeros(1, 16)
+    logits[0, [3, 9, 12]] = 2.0
+    columns, probs = dense_cpu.softmax_top(logits, 2, fn)
+    assert columns.tolist() == [[3, 9]]
+    assert probs[0].tolist() == pytest.approx([torch.e**2 / (3 * torch.e**2 + 13)] * 2, rel=1e-6)
+    odd = torch.randn(2, 12)  # V not a multiple of 8: torch's ops
+    got = dense_cpu.softmax_top(odd, 3, fn)
+    want = torch.topk(torch.softmax(odd, dim=-1), 3, dim=-1)
+    assert torch.equal(got[0], want.indices) and torch.equal(got[1], want.values)
