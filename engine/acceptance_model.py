@@ -3,13 +3,21 @@
 For a drafted node u whose parent was reached (the parent is the root or was accepted), let
 A(u) be the event that the verifier accepts u. The model predicts
 
-    a(u) = P(A(u) | parent reached)  from  (speculator, depth bucket, confidence bin)
+    a(u) = P(A(u) | parent reached)  from  (speculator, depth bucket, confidence bin, contested)
 
 with a Beta-binomial estimate per cell: a = (hits + k * prior) / (trials + k). The confidence
 of an SSM's node is its draft probability q (10 bins over [0, 1]); the n-gram drafter's is the
 length of the suffix match that proposed it (a longer match repeats its source more often).
 Priors are deliberately modest (prior mean 0.6 q for an SSM, 0.2 + 0.08 * match length for
 n-gram, weight k = 4 trials) so a few steps of evidence dominate.
+
+Contested: a sibling of u (another child of its parent) was proposed by a speculator that did not
+propose u. Siblings are exclusive, at most one is accepted, and where two speculators disagree
+each is right far less often than its confidence says alone: over 50 Vicuna and Spec-Bench
+prompts (64 tokens, the shipped auto tree) the feature head's depth-1 drafts were accepted 50 %
+of the time uncontested and 18 % contested, the n-gram drafter's 64 % and 21 %, and two children
+from different speculators were predicted 1.04 tokens together where 0.57 came (docs/performance.md,
+stop 45). So contested nodes have cells of their own, with half the prior.
 
 Along a path the acceptances chain: the expected number of tokens a node contributes is
 
@@ -39,7 +47,8 @@ PROB_BINS = 10  # SSM confidence bins over q in [0, 1]
 MAX_MATCH = 8  # n-gram confidence bins: match length 1..MAX_MATCH (longer clipped)
 PRIOR_WEIGHT = 4.0
 REMEMBERED = 64  # trials per cell a saved model keeps when read back
-SAVE_VERSION = 1
+SAVE_VERSION = 2  # 2: cells keyed by contested too
+CONTESTED_PRIOR = 0.5  # a contested cell's prior, relative to the uncontested one's
 
 
 def acceptance_path(folder: Path, model: str, quant: str) -> Path:
@@ -89,29 +98,30 @@ class Cell:
 @dataclass
 class AcceptanceModel:
     kinds: dict[str, str] = field(default_factory=dict)  # speculator -> "model" | "ngram"
-    cells: dict[tuple[str, int, int], Cell] = field(default_factory=dict)
+    cells: dict[tuple[str, int, int, bool], Cell] = field(default_factory=dict)  # (speculator, depth bucket, bin, contested)
     _means: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)  # mean_for's, until the next observe
 
-    def prior(self, speculator: str, conf_bin: int) -> float:
+    def prior(self, speculator: str, conf_bin: int, contested: bool = False) -> float:
+        scale = CONTESTED_PRIOR if contested else 1.0
         if self.kinds.get(speculator) == "ngram":
-            return 0.2 + 0.08 * conf_bin  # match length 2: 0.36 ... 8: 0.84
-        return 0.6 * (conf_bin + 0.5) / PROB_BINS
+            return scale * (0.2 + 0.08 * conf_bin)  # match length 2: 0.36 ... 8: 0.84
+        return scale * 0.6 * (conf_bin + 0.5) / PROB_BINS
 
-    def cell(self, speculator: str, depth: int, conf_bin: int) -> Cell:
-        key = (speculator, depth_bucket(depth), conf_bin)
+    def cell(self, speculator: str, depth: int, conf_bin: int, contested: bool = False) -> Cell:
+        key = (speculator, depth_bucket(depth), conf_bin, contested)
         found = self.cells.get(key)
         if found is None:
-            found = self.cells[key] = Cell(self.prior(speculator, conf_bin))
+            found = self.cells[key] = Cell(self.prior(speculator, conf_bin, contested))
         return found
 
-    def predict(self, evidence: dict[str, int], depth: int) -> float:
+    def predict(self, evidence: dict[str, int], depth: int, contested: bool = False) -> float:
         """a(u) for a node with evidence {speculator: confidence bin} at `depth` (best over speculators)."""
-        return max((self.cell(s, depth, b).mean for s, b in evidence.items()), default=0.0)
+        return max((self.cell(s, depth, b, contested).mean for s, b in evidence.items()), default=0.0)
 
-    def observe(self, evidence: dict[str, int], depth: int, accepted: bool) -> None:
+    def observe(self, evidence: dict[str, int], depth: int, accepted: bool, contested: bool = False) -> None:
         self._means.clear()
         for speculator, conf_bin in evidence.items():
-            cell = self.cell(speculator, depth, conf_bin)
+            cell = self.cell(speculator, depth, conf_bin, contested)
             cell.predicted_sum += cell.mean
             cell.seen += 1
             cell.seen_hits += accepted
@@ -124,7 +134,7 @@ class AcceptanceModel:
         if key in self._means:
             return self._means[key]
         hits = trials = 0.0
-        for (s, b, _), cell in self.cells.items():
+        for (s, b, _, _), cell in self.cells.items():
             if s == speculator and b == key[1]:
                 hits, trials = hits + cell.hits, trials + cell.trials
         fallback = self.prior(speculator, PROB_BINS - 1 if self.kinds.get(speculator) != "ngram" else 0)
@@ -136,7 +146,7 @@ class AcceptanceModel:
         prediction made before each of them, and how many were accepted (trials read back from a saved
         model were predicted by an earlier process, so they are not counted here)."""
         rows = []
-        for (speculator, bucket, conf_bin), cell in sorted(self.cells.items()):
+        for (speculator, bucket, conf_bin, contested), cell in sorted(self.cells.items()):
             if cell.seen == 0:
                 continue
             rows.append({
@@ -144,6 +154,7 @@ class AcceptanceModel:
                 "depth_from": DEPTH_BUCKETS[bucket],
                 "confidence": (f"q {conf_bin / PROB_BINS:.1f}-{(conf_bin + 1) / PROB_BINS:.1f}"
                                if self.kinds.get(speculator) != "ngram" else f"match {conf_bin}"),
+                "contested": contested,
                 "trials": cell.seen,
                 "predicted": round(cell.predicted_sum / cell.seen, 4),
                 "observed": round(cell.seen_hits / cell.seen, 4),
@@ -153,7 +164,7 @@ class AcceptanceModel:
     # ------------------------------------------------------------------ persistence
     def save(self, path: Path) -> None:
         """The observed cells as JSON (written to a temp file and renamed)."""
-        rows = [[s, b, c, cell.hits, cell.trials] for (s, b, c), cell in sorted(self.cells.items()) if cell.trials]
+        rows = [[s, b, c, x, cell.hits, cell.trials] for (s, b, c, x), cell in sorted(self.cells.items()) if cell.trials]
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -167,13 +178,14 @@ class AcceptanceModel:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             if data.get("version") != SAVE_VERSION:
                 return False
-            rows = [(str(s), int(b), int(c), float(h), float(t)) for s, b, c, h, t in data["cells"]]
+            rows = [(str(s), int(b), int(c), bool(x), float(h), float(t)) for s, b, c, x, h, t in data["cells"]]
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        for speculator, bucket, conf_bin, hits, trials in rows:
+        for speculator, bucket, conf_bin, contested, hits, trials in rows:
             if speculator not in self.kinds or trials <= 0 or not 0 <= hits <= trials:
                 continue
             scale = min(1.0, REMEMBERED / trials)
-            cell = self.cells.setdefault((speculator, bucket, conf_bin), Cell(self.prior(speculator, conf_bin)))
+            cell = self.cells.setdefault((speculator, bucket, conf_bin, contested),
+                                         Cell(self.prior(speculator, conf_bin, contested)))
             cell.hits, cell.trials = hits * scale, trials * scale
         return True

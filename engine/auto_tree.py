@@ -169,8 +169,9 @@ class AutoDrafting:
             self.realised = rate if self.realised == 0 else self.realised + GAIN_EMA * (rate - self.realised)
 
     def predictor(self, tree: TokenTree, names: list[str]) -> Callable[[int], float]:
+        """a(i) for the nodes of `tree` as it stands when asked (its contested flags marked first)."""
         def accept(i: int) -> float:
-            return self.acceptance.predict(named_evidence(tree, i, names), tree.depths[i])
+            return self.acceptance.predict(named_evidence(tree, i, names), tree.depths[i], tree.contested[i])
         return accept
 
     def worth_running(self, name: str) -> str | None:
@@ -219,6 +220,7 @@ class AutoDrafting:
             for depth in range(2, MAX_DEPTH + 1):
                 if not candidates:
                     break
+                tree.mark_contested()
                 values = node_values(tree, accept)
                 plan = select_nodes(tree, values, verify, rate)
                 frontier = sorted(set(candidates), key=lambda i: (-values[i], i))[:FEED]
@@ -234,6 +236,7 @@ class AutoDrafting:
                 self.costs.observe_draft(drafter.name, sum(forwards) * 1000 / len(forwards))
             self.observe_run(drafter.name, why, (time.perf_counter() - run_began) * 1000, steady)  # the whole run
             ran.append(drafter.name)
+        tree.mark_contested()  # before the vote: where speculators disagreed is evidence, whatever it drops
         tree = apply_policy(tree, merge)
         values = node_values(tree, self.predictor(tree, names))
         plan = select_nodes(tree, values, verify, rate, (time.perf_counter() - start) * 1000)
@@ -244,7 +247,7 @@ class AutoDrafting:
         reached = {0, *accepted}
         for i in range(1, len(tree)):
             if tree.parents[i] in reached:
-                self.acceptance.observe(named_evidence(tree, i, names), tree.depths[i], i in reached)
+                self.acceptance.observe(named_evidence(tree, i, names), tree.depths[i], i in reached, tree.contested[i])
         for name, own in credited(tree, accepted, names, ran).items():
             gain = self.gain.get(name, GAIN_PRIOR)
             self.gain[name] = gain + GAIN_EMA * (own - gain)

@@ -27,6 +27,7 @@ class TokenTree:
     draft_probs: list[float] = field(default_factory=list)  # [N] max draft prob over sources
     verifier_probs: list[float | None] = field(default_factory=list)  # [N] filled by verification
     evidence: list[dict[int, int]] = field(default_factory=list)  # [N] source -> confidence bin (acceptance_model.py)
+    contested: list[bool] = field(default_factory=list)  # [N] a sibling came from another speculator (mark_contested)
 
     @classmethod
     def with_root(cls, token: int) -> "TokenTree":
@@ -45,6 +46,7 @@ class TokenTree:
         self.draft_probs.append(float(prob))
         self.verifier_probs.append(None)
         self.evidence.append(dict(evidence or {}))
+        self.contested.append(False)
         return len(self.tokens) - 1
 
     @property
@@ -116,7 +118,18 @@ class TokenTree:
                 out.draft_probs.append(self.draft_probs[i])
                 out.verifier_probs.append(self.verifier_probs[i])
                 out.evidence.append(dict(self.evidence[i]))
+                out.contested.append(self.contested[i])
         return out
+
+    def mark_contested(self) -> list[bool]:
+        """contested[i] = a sibling of node i was proposed by a speculator that did not propose i (where
+        speculators disagree, at most one is right: acceptance_model.py keys such nodes apart); kept by
+        select, so the verified tree carries the flags of the tree it was chosen from."""
+        offered = [0] * len(self)  # [N] sources of each node's children, together
+        for i in range(1, len(self)):
+            offered[self.parents[i]] |= self.sources[i]
+        self.contested = [i > 0 and bool(offered[self.parents[i]] & ~self.sources[i]) for i in range(len(self))]
+        return self.contested
 
     def path_to(self, node: int) -> list[int]:
         """Node ids from the root's first child down to `node` (root excluded)."""

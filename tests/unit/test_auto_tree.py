@@ -79,12 +79,14 @@ def test_saved_acceptance_is_capped_and_ignores_strangers(tmp_path):
     for k in range(1000):
         model.observe({"ssm": 7}, 1, accepted=k % 4 != 0)  # 75 % accepted, 1000 trials
     model.observe({"ngram": 3}, 2, accepted=True)
+    model.observe({"ssm": 7}, 1, accepted=False, contested=True)  # a cell of its own
     model.save(tmp_path / "a.json")
     fresh = AcceptanceModel(kinds={"ssm": "model"})  # the n-gram drafter is gone from this engine
     assert fresh.load(tmp_path / "a.json")
     cell = fresh.cell("ssm", 1, 7)
     assert cell.trials == REMEMBERED and cell.hits == 0.75 * REMEMBERED  # the rate kept, the weight capped
-    assert all(s == "ssm" for s, _, _ in fresh.cells)
+    assert fresh.cell("ssm", 1, 7, contested=True).trials == 1 and fresh.cell("ssm", 1, 7, True).hits == 0
+    assert all(s == "ssm" for s, _, _, _ in fresh.cells)
     (tmp_path / "bad.json").write_text("{not json", encoding="utf-8")
     assert not AcceptanceModel(kinds={"ssm": "model"}).load(tmp_path / "bad.json")
 
@@ -198,3 +200,46 @@ def test_a_steps_costs_are_the_models_each_asked_once():
     verify = step_costs(costs)
     assert [verify(size) for size in (1, 3, 3, 16, 1)] == [real(1), real(3), real(3), real(16), real(1)]
     assert asked == [1, 3, 16]
+
+
+def test_a_node_another_speculator_contests_is_marked_and_kept_through_select():
+    """contested: a sibling was proposed by a speculator that did not propose the node; a speculator's
+    own alternatives (its top-2 under one parent) do not contest each other."""
+    tree = TokenTree.with_root(1)
+    a = tree.add(0, 10, source=0, prob=0.9)  # speculator 0's draft ...
+    b = tree.add(0, 11, source=1, prob=1.0)  # ... and speculator 1's, another token: both contested
+    c = tree.add(a, 12, source=0, prob=0.6)
+    d = tree.add(a, 13, source=0, prob=0.3)  # speculator 0's own alternatives under a
+    e = tree.add(b, 14, source=1, prob=1.0)  # alone under b
+    f = tree.add(0, 15, source=0, prob=0.05)
+    tree.add(0, 15, source=1, prob=1.0)  # both propose 15: f holds both, no sibling has a source it lacks
+    flags = tree.mark_contested()
+    assert [flags[i] for i in (0, a, b, c, d, e, f)] == [False, True, True, False, False, False, False]
+    kept = tree.select([True, True, False, True, False, False, True])  # b dropped: a stays contested
+    assert kept.contested == [False, True, False, False]
+
+
+def test_contested_nodes_learn_apart_from_uncontested_ones():
+    from spectui.engine.acceptance_model import CONTESTED_PRIOR, AcceptanceModel
+    from spectui.engine.auto_tree import AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    model = AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"})
+    assert model.cell("ssm", 1, 5, contested=True).prior == CONTESTED_PRIOR * model.cell("ssm", 1, 5).prior
+    auto = AutoDrafting(CostModel({1: 10.0, 2: 11.0, 4: 12.0}), model)
+    names = ["ssm", "ngram"]
+    for _ in range(40):  # they disagree: the n-gram drafter is right, the SSM's token rejected
+        tree = TokenTree.with_root(1)
+        ssm = tree.add(0, 10, source=0, prob=0.75, conf_bin=7)
+        ngram = tree.add(0, 11, source=1, prob=1.0, conf_bin=3)
+        tree.mark_contested()
+        auto.observe(tree, [ngram], names, [])
+        alone = TokenTree.with_root(1)  # alone, its drafts at that confidence hold
+        alone.add(0, 10, source=0, prob=0.75, conf_bin=7)
+        alone.mark_contested()
+        auto.observe(alone, [1], names, [])
+    accept = auto.predictor(tree, names)
+    assert accept(ssm) < 0.1 < 0.9 < auto.predictor(alone, names)(1)
+    rows = {(r["speculator"], r["contested"]): r for r in model.calibration()}
+    assert rows[("ssm", True)]["observed"] == 0.0 and rows[("ssm", False)]["observed"] == 1.0
+    assert rows[("ngram", True)]["observed"] == 1.0
