@@ -47,7 +47,7 @@ PROB_BINS = 10  # SSM confidence bins over q in [0, 1]
 MAX_MATCH = 8  # n-gram confidence bins: match length 1..MAX_MATCH (longer clipped)
 PRIOR_WEIGHT = 4.0
 REMEMBERED = 64  # trials per cell a saved model keeps when read back
-SAVE_VERSION = 2  # 2: cells keyed by contested too
+SAVE_VERSION = 2  # 2: cells keyed by contested too (a version 1 file's cells are read as uncontested)
 CONTESTED_PRIOR = 0.5  # a contested cell's prior, relative to the uncontested one's
 
 
@@ -176,9 +176,11 @@ class AcceptanceModel:
         trials); False when there is no usable file."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            if data.get("version") != SAVE_VERSION:
+            version = data.get("version")
+            if version not in (1, SAVE_VERSION):
                 return False
-            rows = [(str(s), int(b), int(c), bool(x), float(h), float(t)) for s, b, c, x, h, t in data["cells"]]
+            cells = data["cells"] if version == SAVE_VERSION else [[s, b, c, False, h, t] for s, b, c, h, t in data["cells"]]
+            rows = [(str(s), int(b), int(c), bool(x), float(h), float(t)) for s, b, c, x, h, t in cells]
         except (OSError, ValueError, KeyError, TypeError):
             return False
         for speculator, bucket, conf_bin, contested, hits, trials in rows:

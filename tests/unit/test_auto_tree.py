@@ -87,6 +87,9 @@ def test_saved_acceptance_is_capped_and_ignores_strangers(tmp_path):
     assert cell.trials == REMEMBERED and cell.hits == 0.75 * REMEMBERED  # the rate kept, the weight capped
     assert fresh.cell("ssm", 1, 7, contested=True).trials == 1 and fresh.cell("ssm", 1, 7, True).hits == 0
     assert all(s == "ssm" for s, _, _, _ in fresh.cells)
+    (tmp_path / "v1.json").write_text('{"version": 1, "cells": [["ssm", 0, 7, 30, 40]]}', encoding="utf-8")
+    older = AcceptanceModel(kinds={"ssm": "model"})  # a file saved before contested cells: read as uncontested
+    assert older.load(tmp_path / "v1.json") and older.cell("ssm", 1, 7).trials == 40 and len(older.cells) == 1
     (tmp_path / "bad.json").write_text("{not json", encoding="utf-8")
     assert not AcceptanceModel(kinds={"ssm": "model"}).load(tmp_path / "bad.json")
 
