@@ -134,12 +134,7 @@ def hang_top(tree: TokenTree, source: int, parents: list[int], logits: torch.Ten
     their probability and confidence bin; `vocab` maps column j to its token id (default: j itself).
     Returns the ids of the new candidates."""
     columns, probs = softmax_top(logits.float().contiguous(), width, softmax_top_function())  # [F, width] each
-    return hang_ranked(tree, source, parents, columns if vocab is None else vocab[columns], probs)
-
-
-def hang_ranked(tree: TokenTree, source: int, parents: list[int], tokens: torch.Tensor, probs: torch.Tensor) -> list[int]:
-    """Hang tokens[row] ([F, width] token ids, likeliest first) under parents[row] with their draft
-    probabilities probs[row] ([F, width]) and confidence bins. Returns the ids of the new candidates."""
+    tokens = columns if vocab is None else vocab[columns]  # [F, width] token ids
     added = []
     for parent, row_tokens, row_probs in zip(parents, tokens.tolist(), probs.tolist()):
         for token, prob in zip(row_tokens, row_probs):

@@ -30,7 +30,7 @@ import torch
 
 from ..kernels.head_layer import MAX_ROWS as MAX_KERNEL_ROWS
 from .acceptance_model import prob_bin
-from .drafters import hang_ranked
+from .drafters import hang_top
 from .feature_head import FeatureHead
 from .tree import TokenTree
 
@@ -154,8 +154,7 @@ class FeatureDrafter:
 
     # ------------------------------------------------------------ drafting
     def _hang(self, tree: TokenTree, source: int, parents: list[int], features: torch.Tensor, width: int) -> list[int]:
-        tokens, probs = self.head.top(self.head.draft_logits(features), width)  # [F, width] each
-        return hang_ranked(tree, source, parents, tokens, probs)
+        return hang_top(tree, source, parents, self.head.draft_logits(features), width, self.head.vocab_ids)  # [F, Vd]
 
     def begin(self, committed: list[int], tree: TokenTree, source: int, width: int) -> list[int]:
         root = self.catch_up(committed)  # [H]

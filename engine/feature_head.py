@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.dense_cpu import drafter_kernel, softmax_top, softmax_top_function
+from ..kernels.dense_cpu import drafter_kernel
 from ..kernels.head_layer import head_layer
 from .lean_model import rms_norm, rotate  # the verifier's own RMSNorm and rotary arithmetic
 
@@ -88,7 +88,6 @@ class FeatureHead(nn.Module):
         object.__setattr__(self, "verifier", None)
         self.kernels: dict = {}  # layer name -> kernels/dense_cpu.py's kernel (inference on AVX2 CPUs; use_kernels)
         self.layer_kernel = None  # kernels/head_layer.py's whole layer for a few rows (use_kernels)
-        self.top_fn = None  # kernels/dense_cpu.py's softmax and top-k in C (use_kernels)
 
     def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, dtype=None, verifier=None) -> None:
         """Borrow the verifier's embedding [V, H] and its output layer's rows for vocab_ids ([Vd, H]);
@@ -110,7 +109,6 @@ class FeatureHead(nn.Module):
             return False
         self.kernels = kernels
         self.layer_kernel = self.make_layer_kernel()
-        self.top_fn = softmax_top_function()
         return True
 
     def make_layer_kernel(self):
@@ -154,12 +152,6 @@ class FeatureHead(nn.Module):
         if "draft" in self.kernels:
             return self.kernels["draft"](features)
         return features @ self.draft_rows.T
-
-    def top(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """draft logits [F, Vd] -> (token ids [F, k], likeliest first; their probabilities under q [F, k]): a
-        drafting level's candidates (softmax and top-k in one C call where use_kernels found it)."""
-        columns, probs = softmax_top(logits.float().contiguous(), k, self.top_fn)
-        return self.vocab_ids[columns], probs
 
     # ------------------------------------------------------------------ files
     def save(self, folder: Path, info: dict | None = None) -> None:
