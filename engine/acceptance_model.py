@@ -17,7 +17,10 @@ each is right far less often than its confidence says alone: over 50 Vicuna and 
 prompts (64 tokens, the shipped auto tree) the feature head's depth-1 drafts were accepted 50 %
 of the time uncontested and 18 % contested, the n-gram drafter's 64 % and 21 %, and two children
 from different speculators were predicted 1.04 tokens together where 0.57 came (docs/performance.md,
-stop 45). So contested nodes have cells of their own, with half the prior.
+stop 45). So contested nodes have cells of their own, with half the prior. The n-gram drafter's two
+matches contest each other too (TokenTree.mark_contested's rivals): its confidence, the match
+length, does not say that another match disagrees, and with one cell for both its two-chain trees
+were predicted 1.3-1.5x the tokens they gave and its lone chains 0.75-0.9x (stop 46).
 
 Along a path the acceptances chain: the expected number of tokens a node contributes is
 

@@ -201,6 +201,7 @@ class AutoDrafting:
         """Draft and choose this step's tree -> (tree, names of the SSMs that ran, plan)."""
         start = time.perf_counter()
         names = [d.name for d in drafters]
+        rivals = sum(1 << source for source, d in enumerate(drafters) if d.kind == "ngram")  # its matches contest
         tree = TokenTree.with_root(committed[-1])
         for source, drafter in enumerate(drafters):
             if drafter.kind == "ngram":
@@ -220,7 +221,7 @@ class AutoDrafting:
             for depth in range(2, MAX_DEPTH + 1):
                 if not candidates:
                     break
-                tree.mark_contested()
+                tree.mark_contested(rivals)
                 values = node_values(tree, accept)
                 plan = select_nodes(tree, values, verify, rate)
                 frontier = sorted(set(candidates), key=lambda i: (-values[i], i))[:FEED]
@@ -236,7 +237,7 @@ class AutoDrafting:
                 self.costs.observe_draft(drafter.name, sum(forwards) * 1000 / len(forwards))
             self.observe_run(drafter.name, why, (time.perf_counter() - run_began) * 1000, steady)  # the whole run
             ran.append(drafter.name)
-        tree.mark_contested()  # before the vote: where speculators disagreed is evidence, whatever it drops
+        tree.mark_contested(rivals)  # before the vote: where speculators disagreed is evidence, whatever it drops
         tree = apply_policy(tree, merge)
         values = node_values(tree, self.predictor(tree, names))
         plan = select_nodes(tree, values, verify, rate, (time.perf_counter() - start) * 1000)

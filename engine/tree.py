@@ -27,7 +27,7 @@ class TokenTree:
     draft_probs: list[float] = field(default_factory=list)  # [N] max draft prob over sources
     verifier_probs: list[float | None] = field(default_factory=list)  # [N] filled by verification
     evidence: list[dict[int, int]] = field(default_factory=list)  # [N] source -> confidence bin (acceptance_model.py)
-    contested: list[bool] = field(default_factory=list)  # [N] a sibling came from another speculator (mark_contested)
+    contested: list[bool] = field(default_factory=list)  # [N] a sibling came from a rival proposal (mark_contested)
 
     @classmethod
     def with_root(cls, token: int) -> "TokenTree":
@@ -121,14 +121,23 @@ class TokenTree:
                 out.contested.append(self.contested[i])
         return out
 
-    def mark_contested(self) -> list[bool]:
-        """contested[i] = a sibling of node i was proposed by a speculator that did not propose i (where
-        speculators disagree, at most one is right: acceptance_model.py keys such nodes apart); kept by
-        select, so the verified tree carries the flags of the tree it was chosen from."""
+    def mark_contested(self, rivals: int = 0) -> list[bool]:
+        """contested[i] = a sibling of node i was proposed by a speculator that did not propose i, or by
+        one in the bitmask `rivals` that proposed i too (where proposals disagree, at most one is right:
+        acceptance_model.py keys such nodes apart). A model's own top-k siblings do not contest each
+        other (their probabilities already say how sure it is); the n-gram drafter's do, being rival
+        matches whose confidence, the match length, does not say that another match disagrees. Kept
+        by select, so the verified tree carries the flags of the tree it was chosen from."""
         offered = [0] * len(self)  # [N] sources of each node's children, together
+        twice = [0] * len(self)  # [N] sources that proposed two or more of each node's children
         for i in range(1, len(self)):
-            offered[self.parents[i]] |= self.sources[i]
-        self.contested = [i > 0 and bool(offered[self.parents[i]] & ~self.sources[i]) for i in range(len(self))]
+            parent = self.parents[i]
+            twice[parent] |= offered[parent] & self.sources[i]
+            offered[parent] |= self.sources[i]
+        self.contested = [False] * len(self)
+        for i in range(1, len(self)):
+            parent, own = self.parents[i], self.sources[i]
+            self.contested[i] = bool(offered[parent] & ~own or twice[parent] & own & rivals)
         return self.contested
 
     def path_to(self, node: int) -> list[int]:

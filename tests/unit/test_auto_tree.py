@@ -222,6 +222,42 @@ def test_a_node_another_speculator_contests_is_marked_and_kept_through_select():
     assert kept.contested == [False, True, False, False]
 
 
+def test_the_ngram_drafters_rival_matches_contest_each_other():
+    """Sources in `rivals` (the n-gram drafter: two matches, two continuations) contest their own
+    siblings; other speculators' own alternatives still do not, and an only child never is."""
+    tree = TokenTree.with_root(1)
+    first = tree.add_path([10, 11, 12], source=1, conf_bin=5)  # the longest match's continuation
+    second = tree.add_path([20, 21], source=1, conf_bin=2)  # another match's, diverging at the root
+    a = tree.add(first[0], 30, source=0, prob=0.6)  # the SSM's top-2 under 10: siblings of 11
+    b = tree.add(first[0], 31, source=0, prob=0.3)
+    flags = tree.mark_contested(rivals=1 << 1)
+    assert [flags[i] for i in first] == [True, True, False]  # 11 is contested by the SSM's 30 and 31
+    assert [flags[i] for i in second] == [True, False]
+    assert flags[a] and flags[b]  # 11 is the n-gram drafter's, not the SSM's
+    alone = TokenTree.with_root(1)
+    chain = alone.add_path([10, 11], source=1, conf_bin=5)
+    assert alone.mark_contested(rivals=1 << 1) == [False, False, False] and len(chain) == 2
+    assert tree.mark_contested()[second[0]] is False  # without rivals: one speculator, no contest
+
+
+def test_auto_drafting_marks_the_ngram_drafters_two_matches_contested():
+    from spectui.engine.acceptance_model import AcceptanceModel
+    from spectui.engine.auto_tree import AutoDrafting
+    from spectui.engine.costs import CostModel
+    from spectui.engine.drafters import NGramDrafter
+
+    ngram = NGramDrafter()
+    committed = [5, 6, 7, 8, 9, 5, 6, 3, 4, 2, 5, 6]  # "5 6" came twice: followed by 7 and by 3
+    assert [chain[0] for chain, _ in ngram.matches(committed)] == [3, 7]
+    costs = CostModel({1: 10.0, 2: 10.01, 4: 10.02, 8: 10.04, 16: 10.08, 32: 10.16})  # nodes nearly free
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ngram": "ngram"}))
+    tree, ran, _ = auto.draft(committed, [ngram], "union")
+    depth_one = [i for i in range(1, len(tree)) if tree.depths[i] == 1]
+    assert ran == [] and sorted(tree.tokens[i] for i in depth_one) == [3, 7]
+    assert all(tree.contested[i] for i in depth_one)
+    assert not any(tree.contested[i] for i in range(1, len(tree)) if tree.depths[i] > 1)
+
+
 def test_contested_nodes_learn_apart_from_uncontested_ones():
     from spectui.engine.acceptance_model import CONTESTED_PRIOR, AcceptanceModel
     from spectui.engine.auto_tree import AutoDrafting
