@@ -29,7 +29,9 @@ AutoDrafting decides what to draft:
   (`credited`: to the first SSM that drafted them, none if the n-gram drafter had them) per step it
   ran; it runs when gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds what a
   steady run of it costs (`run_ms`: all its forwards of a step, measured; one forward's cost until
-  measured), and otherwise explores once it has been idle for n steps with
+  measured) plus what verifying its nodes adds to a step (`verify_ms`: c_verify(T) - c_verify(T - k)
+  for the k verified nodes credited to it the same way, a moving average over its runs), and
+  otherwise explores once it has been idle for n steps with
   n * c_verify(1) * EXPLORE_SHARE >= what an exploring run costs (`explore_ms`: measured, the
   catch-up of the tokens it sat out included; at least MIN_EXPLORE_EVERY steps): exploring costs at
   most EXPLORE_SHARE of incremental time per SSM, however cheap a verify step is next to a draft,
@@ -128,9 +130,10 @@ def named_evidence(tree: TokenTree, node: int, names: list[str]) -> dict[str, in
     return {names[source]: conf_bin for source, conf_bin in tree.evidence[node].items()}
 
 
-def credited(tree: TokenTree, accepted: list[int], names: list[str], ran: list[str]) -> dict[str, int]:
-    """Accepted tokens credited to each SSM that ran: a token goes to the first SSM (in the engine's
-    order) whose draft held it, and to none if a free drafter (n-gram: not in `ran`) held it too.
+def credited(tree: TokenTree, nodes: list[int], names: list[str], ran: list[str]) -> dict[str, int]:
+    """Of `nodes` (the accepted ones, or all the verified ones), how many each SSM that ran is credited
+    with: a node goes to the first SSM (in the engine's order) whose draft held it, and to none if a
+    free drafter (n-gram: not in `ran`) held it too.
 
     Crediting only the tokens a speculator proposed alone would starve two SSMs that agree with each
     other: each one's share of their common tokens would be zero, both would look useless and both
@@ -139,7 +142,7 @@ def credited(tree: TokenTree, accepted: list[int], names: list[str], ran: list[s
     order = [names.index(name) for name in ran]  # ran follows the engine's order of drafters
     ran_bits = sum(1 << k for k in order)
     counts = dict.fromkeys(ran, 0)
-    for i in accepted:
+    for i in nodes:
         sources = tree.sources[i]
         if sources & ~ran_bits:  # a free drafter proposed it as well
             continue
@@ -157,6 +160,7 @@ class AutoDrafting:
     idle: dict[str, int] = field(default_factory=dict)  # SSM -> steps since it last drafted
     run_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of a steady run, all its forwards
     explore_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of an exploring run, catch-up included
+    verify_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average verify ms its nodes added to a step it ran
     realised: float = 0.0  # moving average of committed tokens per ms of engine time, all steps
 
     def target_rate(self) -> float:
@@ -179,7 +183,7 @@ class AutoDrafting:
         enough that this run, catch-up included, stays within EXPLORE_SHARE of incremental time), or None."""
         gain = self.gain.setdefault(name, GAIN_PRIOR)
         c1 = self.costs.verify(1)
-        if gain * c1 > self.run_ms.get(name, self.costs.draft(name)):
+        if gain * c1 > self.run_ms.get(name, self.costs.draft(name)) + self.verify_ms.get(name, 0.0):
             self.idle[name] = 0
             return "pays"
         self.idle[name] = self.idle.get(name, 0) + 1
@@ -252,3 +256,8 @@ class AutoDrafting:
         for name, own in credited(tree, accepted, names, ran).items():
             gain = self.gain.get(name, GAIN_PRIOR)
             self.gain[name] = gain + GAIN_EMA * (own - gain)
+        size = len(tree)
+        for name, nodes in credited(tree, list(range(1, size)), names, ran).items():
+            added = self.costs.verify(size) - self.costs.verify(size - nodes) if nodes else 0.0  # ms
+            old = self.verify_ms.get(name, added)
+            self.verify_ms[name] = old + GAIN_EMA * (added - old)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,6 +134,31 @@ def test_an_ssm_is_judged_by_what_its_runs_cost_catch_up_included_when_exploring
     gaps = {b - a for a, b in zip(runs, runs[1:])}
     expected = math.ceil(max(MIN_EXPLORE_EVERY, 9.0 / (EXPLORE_SHARE * c1)))  # 75 steps, where 1 ms a forward gives 9
     assert gaps == {expected} and expected >= 70 and 9.0 / (expected * c1) <= EXPLORE_SHARE
+
+
+def test_an_ssm_pays_for_the_verify_time_its_nodes_add_too():
+    """A run's tokens must beat its drafting and the verify ms its nodes add to the step: here 0.3
+    tokens x 10 ms beat a 2.5 ms run, not a run whose two nodes make the step's verify 1 ms dearer."""
+    from spectui.engine.acceptance_model import AcceptanceModel
+    from spectui.engine.auto_tree import AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    costs = CostModel({1: 10.0, 2: 10.5, 4: 11.5})
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"}), gain={"ssm": 0.4},
+                        run_ms={"ssm": 2.5})
+    assert auto.worth_running("ssm") == "pays"
+    names = ["ssm", "ngram"]
+    tree = TokenTree.with_root(1)
+    mine = tree.add(0, 10, 0, 0.6, conf_bin=6)
+    tree.add(mine, 11, 0, 0.5, conf_bin=5)
+    copied = tree.add(0, 12, 1, 1.0, conf_bin=3)  # the n-gram drafter's: not the SSM's cost
+    tree.add(copied, 12, 0, 0.5, conf_bin=5)
+    tree.add(copied, 12, 1, 1.0, conf_bin=3)  # both proposed it: a free drafter's too
+    tree.mark_contested()
+    auto.observe(tree, [], names, ["ssm"])  # none accepted: gain 0.4 -> 0.3
+    assert auto.verify_ms["ssm"] == costs.verify(5) - costs.verify(3) == pytest.approx(1.0)  # its 2 nodes, not the others
+    assert 2.5 < auto.gain["ssm"] * 10.0 < 2.5 + auto.verify_ms["ssm"]
+    assert auto.worth_running("ssm") is None
 
 
 def test_accepted_tokens_are_credited_to_the_first_ssm_that_drafted_them():
