@@ -152,6 +152,11 @@ def credited(tree: TokenTree, nodes: list[int], names: list[str], ran: list[str]
     return counts
 
 
+def fold(table: dict[str, float], name: str, value: float) -> None:
+    """A moving average per SSM: the first value as is, then GAIN_EMA of each new one."""
+    table[name] = value if name not in table else table[name] + GAIN_EMA * (value - table[name])
+
+
 @dataclass
 class AutoDrafting:
     costs: CostModel
@@ -199,7 +204,7 @@ class AutoDrafting:
         explore_ms."""
         table = self.explore_ms if why == "explore" else self.run_ms if steady else None
         if table is not None:
-            table[name] = ms if name not in table else table[name] + GAIN_EMA * (ms - table[name])
+            fold(table, name, ms)
 
     def draft(self, committed: list[int], drafters: list, merge: str) -> tuple[TokenTree, list[str], Plan]:
         """Draft and choose this step's tree -> (tree, names of the SSMs that ran, plan)."""
@@ -258,6 +263,4 @@ class AutoDrafting:
             self.gain[name] = gain + GAIN_EMA * (own - gain)
         size = len(tree)
         for name, nodes in credited(tree, list(range(1, size)), names, ran).items():
-            added = self.costs.verify(size) - self.costs.verify(size - nodes) if nodes else 0.0  # ms
-            old = self.verify_ms.get(name, added)
-            self.verify_ms[name] = old + GAIN_EMA * (added - old)
+            fold(self.verify_ms, name, self.costs.verify(size) - self.costs.verify(size - nodes) if nodes else 0.0)
