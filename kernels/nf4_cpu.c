@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "aligned.h"
 #include "bf16.h"
 
 #define ROWS 4 /* output rows per task: independent accumulator chains hide FMA latency */
@@ -285,7 +286,7 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
         }
         return 0;
     }
-    float *scratch = (float *)malloc(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, ROWS, K] */
+    float *scratch = (float *)alloc64(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, ROWS, K] */
     if (scratch == NULL) return 1;
 #pragma omp parallel num_threads(threads)
     {
@@ -324,7 +325,7 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
 int spectui_nf4_matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
                        const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads,
                        int add) {
-    float *xp = (float *)malloc(sizeof(float) * M * (K + (add ? N : 0))); /* [M, K], then [M, N] products if add */
+    float *xp = (float *)alloc64(sizeof(float) * M * (K + (add ? N : 0))); /* [M, K], then [M, N] products if add */
     if (xp == NULL) return 1;
     permute_rows(M, K, x, ldx, xp);
     float *products = add ? xp + M * K : y;

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "aligned.h"
+
 typedef int (*matmul_fn)(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
                          const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads,
                          int add);
@@ -94,7 +96,7 @@ static int attend(const Ops *ops, const Call *c, const Layer *layer, const float
 int spectui_stack_forward(int64_t L, const Layer *layers, const Ops *ops, const Call *c, float *h) {
     const int64_t T = c->T, H = c->H, HD = c->Hq * c->D, sh = c->capacity * c->D;
     const int64_t Nqkv = (c->Hq + 2 * c->Hkv) * c->D;
-    float *x = malloc(sizeof(float) * T * (H + Nqkv + 3 * HD + 3 * c->I)); /* one block for every buffer */
+    float *x = alloc64(sizeof(float) * T * (H + Nqkv + 3 * HD + 3 * c->I)); /* one block for every buffer */
     if (x == NULL) return 1;
     float *qkv = x + T * H, *q = qkv + T * Nqkv, *att = q + T * HD, *rows = att + T * HD, *gu = rows + T * HD,
           *act = gu + 2 * T * c->I;
