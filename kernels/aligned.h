@@ -1,7 +1,7 @@
 /* Scratch buffers on 64-byte boundaries (included by the kernels' .c files; native.py's build key
  * covers this file). malloc's 16-byte alignment puts half of a row's 32-byte vector loads across two
- * cache lines, each such load costing about two: the 4-bit product of 5 to 8 rows ran 8-11 % slower,
- * and a prefill's 5-17 % (docs/performance.md, stop 47). Free with free(). */
+ * cache lines, each such load costing about two: the 4-bit product of 4 to 8 rows ran 11-18 % slower,
+ * and one of 64 rows 12 % (docs/performance.md, stop 47). Free with free(). */
 #pragma once
 
 #include <stdlib.h>
