@@ -19,9 +19,11 @@ written costs only the time saved.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -33,11 +35,46 @@ MARKER = "spectui-quantized.json"  # written last: the copy is complete
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
+def import_bitsandbytes():
+    """bitsandbytes, imported with its torch.compile wrappers made at their first call.
+
+    At import, bitsandbytes 0.50 wraps a few default-backend ops in torch.compile (a 4-bit dequantize
+    among them), and building such a wrapper imports torch's inductor to read its config: about 2.8 s
+    of a `spectui generate` start on a 2-core CPU (13.4-16.1 s before, 11.5-12.8 s after, three
+    interleaved pairs), paid by every process that loads a 4-bit model, for ops the engine's CPU path
+    does not call (its 4-bit products are kernels/nf4_cpu.c's or bitsandbytes' fused CPU ones). While
+    bitsandbytes imports, torch.compile returns a stand-in that builds the real wrapper when first
+    called, so a call compiles as before (torch.compile compiles at the first call anyway) and
+    bitsandbytes' own fallback to the plain function still applies."""
+    if "bitsandbytes" in sys.modules:
+        return sys.modules["bitsandbytes"]
+    real = torch.compile
+
+    def deferred(fn=None, **options):
+        if fn is None:  # used as @torch.compile(**options)
+            return lambda f: deferred(f, **options)
+        built = []
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if not built:
+                built.append(real(fn, **options))
+            return built[0](*args, **kwargs)
+        return call
+
+    torch.compile = deferred
+    try:
+        import bitsandbytes
+    finally:
+        torch.compile = real
+    return bitsandbytes
+
+
 def cache_key(folder: Path, quant: str, dtype) -> str:
     """12 hex digits naming what a quantized copy of `folder` depends on."""
-    import bitsandbytes
     import transformers
 
+    bitsandbytes = import_bitsandbytes()
     parts = [str(Path(folder).resolve()), quant, str(dtype), bitsandbytes.__version__, transformers.__version__]
     for path in sorted(Path(folder).iterdir()):
         if path.suffix in WEIGHT_SUFFIXES or path.name == "config.json":
@@ -110,8 +147,7 @@ def keep_fp32_compute(model) -> None:
     near-ties would flip. With the "exact" attention there are none (kernels/exact_attention.py)
     and the fused path stays; any other attention keeps this fp32 path.
     """
-    import bitsandbytes as bnb
-
+    bnb = import_bitsandbytes()
     for module in model.modules():
         if isinstance(module, bnb.nn.Linear4bit):
             module.support_avx512bf16_for_cpu = False
@@ -127,6 +163,8 @@ def quant_config(quant: str):
     # bf16 `generate` on some prompt within 8-28 tokens; with fp32 compute all gave its tokens.
     # Lossless first; drafters stay bf16 (loading.drafter_dtype).
     compute = torch.float32
+    if quant in ("nf4", "fp4", "int8"):
+        import_bitsandbytes()  # before transformers imports it: its compile wrappers deferred
     if quant in ("nf4", "fp4"):
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant, bnb_4bit_compute_dtype=compute)
     if quant == "int8":

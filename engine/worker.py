@@ -145,7 +145,7 @@ def _load(conn, request: LoadRequest):
 
 # ---------------------------------------------------------------- parent side
 # what the fork server imports once, so that each engine process starts with them (~4 s a start)
-PRELOAD = ("torch", "transformers.modeling_utils", "transformers.models.llama.modeling_llama", f"{__package__}.loading")
+PRELOAD = ("torch", "transformers.modeling_utils", "transformers.models.llama.modeling_llama", f"{__package__}.preload")
 
 
 def engine_context():
