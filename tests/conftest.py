@@ -99,7 +99,16 @@ def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true", help="skip tests that load the embedded model or drive tmux")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (`make test`: -n 2 --dist loadgroup) the tests outside tests/tui run one after
+    # another in one worker, as without it: most keep both cores busy (torch's threads), and two at once
+    # would only fight over them. The TUI tests, which wait on terminals and engine processes about half
+    # of their time (measured: 50 % idle alone), take the other worker and fill those gaps.
+    serial = pytest.mark.xdist_group("serial")
+    for item in items:
+        if not item.nodeid.startswith("tests/tui/"):  # node ids are relative to the root (pyproject.toml)
+            item.add_marker(serial)
     if not config.getoption("--fast"):
         return
     skip = pytest.mark.skip(reason="--fast: loads the embedded model, drives a terminal or is slow")

@@ -32,9 +32,15 @@ def load(path: Path, name: str):
 @pytest.mark.slow
 def test_gpu_random_cases_run_interpreted_on_cpu():
     gpu = load(ROOT / "tests" / "gpu" / "test_kernel_cuda.py", "gpu_kernel_cases")
-    stats = gpu.check_cases("cpu", len(gpu.FAMILIES), max_p=1024)
+    # every other family: head dims 64 / 80 / 96 / 128, groups 1, 2, 3, 4, 7 and 8, both dtypes, split
+    # counts 1, 3, 7 and automatic, batches 1-3. The interpreter has no compiles to tell the rest apart
+    # (their constexpr sets matter to the GPU run, which takes all 18): 19 s here against 61-68 s for all.
+    every_other = range(0, len(gpu.FAMILIES), 2)
+    stats = gpu.check_cases("cpu", len(gpu.FAMILIES), max_p=1024, families=every_other)
     assert not stats["failures"], "\n".join(stats["failures"])
-    assert stats["cases"] == len(gpu.FAMILIES) == 18
+    assert stats["cases"] == len(every_other) == 9
+    shapes = {(gpu.FAMILIES[i].dim, gpu.FAMILIES[i].hq // gpu.FAMILIES[i].hkv) for i in every_other}
+    assert {d for d, _ in shapes} == {64, 80, 96, 128} and {g for _, g in shapes} == {1, 2, 3, 4, 7, 8}
     assert 0 < stats["max_tol_ratio"] <= 1.0 and set(stats["max_abs_err"]) == {"float16", "bfloat16"}
 
 

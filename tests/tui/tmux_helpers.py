@@ -29,10 +29,12 @@ class Tmux:
         self.socket = f"{self.session}-{next(_servers)}"
 
     def run(self, *args: str) -> subprocess.CompletedProcess:
-        # env: Python's view of the environment. The process's own can hold LINES=24 and COLUMNS=80 that
-        # readline exported when something imported it; the app would read those over the pane's size.
+        # env: Python's view of the environment, less LINES and COLUMNS. The process's own can hold
+        # LINES=24 and COLUMNS=80 that readline exported when something imported it, and Python's view
+        # holds them in a pytest-xdist worker; the app would read those over the pane's size.
+        env = {k: v for k, v in os.environ.items() if k not in ("LINES", "COLUMNS")}
         return subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args], capture_output=True, text=True,
-                              env=dict(os.environ))
+                              env=env)
 
     def start(self, command: str, width: int, height: int) -> None:
         started = self.run("new-session", "-d", "-s", self.session, "-x", str(width), "-y", str(height), command)
