@@ -9,6 +9,11 @@ engine/tune/teacher_head.py's output layer (the same top tokens, 1.3x the shards
 a shard or feature file that exists is complete and skipped.
 
     nohup .venv/bin/python scripts/feature_data.py --out /work/feat --tokens 400000 > /work/feat.log 2>&1 &
+
+--magpie: the prompts are the verifier's own (engine/tune/magpie.py: it continues the chat template's
+context before a user's words), sampled in batches of MAGPIE_BATCH as the run needs them, filtered and
+deduplicated as `spectui tune` does (the bench prompt files excluded), kept in OUT/prompts.jsonl so a
+resumed run answers the same ones. Open chat and writing are thin in the tuning prompts; these fill them.
 """
 
 from __future__ import annotations
@@ -33,9 +38,15 @@ from spectui.engine.chat import ContextError
 from spectui.engine.tune.data import Example, answer_batch, prompt_ids, read_shard, shard_path, write_shard
 from spectui.engine.tune.features import FeatureRows, features_path, save_kept_features, write_features
 from spectui.engine.tune.teacher_head import use_teacher_head
+from spectui.engine.batch_generate import generate_batch
+from spectui.engine.tune.magpie import (Deduper, PromptFilter, clean, end_of_query, pre_query_ids, read_excluded,
+                                        template_fragments)
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ROOT.parent / "shared" / "data" / "tune_prompts.jsonl.gz"
+DATA = ROOT.parent / "shared" / "data"
+PROMPTS = DATA / "tune_prompts.jsonl.gz"
+BENCH = (DATA / "vicuna_bench_questions.jsonl", DATA / "spec_bench_dev.jsonl")  # measured on, never trained on
+MAGPIE_BATCH, MAGPIE_TOKENS = 48, 80  # samples a round, tokens a sample at most (longer ones are dropped)
 
 
 def balanced_prompts(path: Path, seed: int, max_chars: int) -> list[str]:
@@ -55,6 +66,44 @@ def balanced_prompts(path: Path, seed: int, max_chars: int) -> list[str]:
     return order
 
 
+class MagpiePrompts(list):
+    """The verifier's own prompts, kept in `path` (one JSON line each) and sampled as more are wanted."""
+
+    def __init__(self, path: Path, models, runner, seed: int) -> None:
+        super().__init__()
+        if path.exists():
+            self.extend(json.loads(line)["prompt"] for line in path.open(encoding="utf-8"))
+        self.path, self.runner, self.seed = path, runner, seed
+        tok, template = models.tokenizer, models.chat_template
+        self.tokenizer, self.stop = tok, models.stop_token_ids()
+        self.head, self.end_text = pre_query_ids(tok, template), end_of_query(tok, template)
+        excluded = set().union(*(read_excluded(p) for p in BENCH if p.exists()))
+        self.filter = PromptFilter(forbidden=template_fragments(tok, template), excluded=excluded)
+        self.seen, self.rejected, self.rounds = Deduper(self), {}, 0
+
+    def want(self, count: int) -> None:
+        """Sample until `count` prompts are kept, or give up after ~10x the rounds that should take (a
+        model that rarely ends its turn): the run then ends where the prompts do."""
+        give_up = self.rounds + 10 * (max(count - len(self), 0) // MAGPIE_BATCH + 1)
+        with self.path.open("a", encoding="utf-8") as handle:
+            while len(self) < count and self.rounds < give_up:
+                torch.manual_seed(self.seed * 1_000_003 + 7 * len(self) + self.rounds)
+                self.rounds += 1
+                rows = generate_batch(self.runner, [self.head] * MAGPIE_BATCH, MAGPIE_TOKENS, self.stop,
+                                      greedy=False, temperature=1.0, top_p=0.95)
+                for row, finished in rows:
+                    end = next((i for i, t in enumerate(row) if t in self.stop), None)
+                    text, ended = clean(self.tokenizer.decode(row[:end], skip_special_tokens=False), self.end_text)
+                    reason = None if ended or finished else "unfinished"
+                    reason = reason or self.filter.reject_reason(text) or (None if self.seen.add(text) else "duplicate")
+                    if reason:
+                        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+                        continue
+                    self.append(text)
+                    handle.write(json.dumps({"prompt": text}) + "\n")
+                handle.flush()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -68,18 +117,25 @@ def main() -> int:
     ap.add_argument("--prompt-only", action="store_true",
                     help="no answers: features over the rendered prompts alone (prefill speed, about 5x the positions a second)")
     ap.add_argument("--skip", type=int, default=0, help="start at this prompt (another run's prompts come first)")
+    ap.add_argument("--magpie", action="store_true", help="prompts the verifier writes itself (the module docstring)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     models = load_models(resolve_model("smollm2-135m"), models_dir=paths.models_dir())
     runner = use_teacher_head(LeanModel(models.verifier))  # bf16 output products, the top redone in fp32
-    prompts = balanced_prompts(PROMPTS, args.seed, args.max_chars)[args.skip :]
+    args.out.mkdir(parents=True, exist_ok=True)
+    magpie = MagpiePrompts(args.out / "prompts.jsonl", models, runner, args.seed) if args.magpie else None
+    prompts = magpie if magpie is not None else balanced_prompts(PROMPTS, args.seed, args.max_chars)[args.skip :]
     cfg = SimpleNamespace(max_answer_tokens=args.max_answer, sample_temperature=0.8, sample_top_p=0.95)
     stop = models.stop_token_ids()
     done, total, index, began = 0, 0, 0, time.perf_counter()
-    while (args.prompt_only or done < args.tokens) and index * args.batch < len(prompts):
+    while args.prompt_only or done < args.tokens:
         path = shard_path(args.out, index)
         positions = 0
+        if magpie is not None and not path.exists():
+            magpie.want((index + 1) * args.batch)
+        if index * args.batch >= len(prompts):
+            break
         if path.exists():
             shard = read_shard(path)
         elif args.prompt_only:
@@ -106,7 +162,8 @@ def main() -> int:
         done += sum(len(e.answer_ids) for e in shard)
         total += positions
         print(f"{time.strftime('%H:%M:%S')} shard {index}: {done} answer tokens, {total} positions, "
-              f"{time.perf_counter() - began:.0f} s", flush=True)
+              f"{time.perf_counter() - began:.0f} s" + (f", Magpie rejected {magpie.rejected}" if magpie is not None else ""),
+              flush=True)
         index += 1
     return 0
 
