@@ -111,17 +111,21 @@ class FeatureDrafter:
             kv[:, :, :, : self.used] = self.kv[:, :, :, : self.used]
             self.kv = kv
 
-    def _run(self, tokens: list[int], prev: torch.Tensor, positions: list[int], mask) -> torch.Tensor:
-        """Feed rows into slots used .. used + T - 1 -> f^ [T, H]. mask [1, 1, T, used + T] or None (causal)."""
+    def _run(self, tokens: list[int], prev: torch.Tensor, positions: list[int], mask, before: list[int]) -> torch.Tensor:
+        """Feed rows into slots used .. used + T - 1 -> f^ [T, H]. mask [1, 1, T, used + T] or None (causal);
+        before: the token before each row's (read by a prev_token head)."""
         T = len(tokens)
         self._reserve(self.used + T)
         layer = self.head.layer_kernel
+        before = torch.tensor(before) if self.head.config.prev_token else None
         if layer is not None and T <= MAX_KERNEL_ROWS:  # a level or a steady catch-up: one C call
-            out = layer(tokens, prev, positions, self.kv[:, 0], self.used, None if mask is None else mask[0, 0])
+            rows = self.head.prev_inputs(prev, before)  # [T, H], or [T, 2H] with e(x_{t-1})
+            out = layer(tokens, rows, positions, self.kv[:, 0], self.used, None if mask is None else mask[0, 0])
             self.used += T
             return out.to(self.dtype)  # [T, H]
         past = (self.kv[0, :, :, : self.used], self.kv[1, :, :, : self.used])
-        out, (k, v) = self.head(torch.tensor([tokens]), prev[None], torch.tensor([positions]), past, mask)
+        out, (k, v) = self.head(torch.tensor([tokens]), prev[None], torch.tensor([positions]), past, mask,
+                                None if before is None else before[None])
         self.kv[0, :, :, self.used : self.used + T] = k[:, :, -T:]
         self.kv[1, :, :, self.used : self.used + T] = v[:, :, -T:]
         self.used += T
@@ -147,7 +151,7 @@ class FeatureDrafter:
         else:
             prev = torch.stack([self._prev(p) for p in positions])  # [T, H]
         self.fed_last = len(positions)
-        out = self._run([committed[p] for p in positions], prev, positions, None)
+        out = self._run([committed[p] for p in positions], prev, positions, None, [committed[p - 1] for p in positions])
         self.fed = n - self.offset
         self.tokens = list(committed)
         return out[-1]
@@ -177,7 +181,8 @@ class FeatureDrafter:
                 ancestor = tree.parents[ancestor]
         prev = torch.stack([self.own_feature[tree.parents[node]] for node in frontier])  # [T, H]
         positions = [self.n + tree.depths[node] for node in frontier]
-        out = self._run([tree.tokens[node] for node in frontier], prev, positions, mask)
+        out = self._run([tree.tokens[node] for node in frontier], prev, positions, mask,
+                        [tree.tokens[tree.parents[node]] for node in frontier])
         for row, node in enumerate(frontier):
             self.own_feature[node] = out[row]
         return self._hang(tree, source, frontier, out, width)

@@ -2,7 +2,7 @@
  *
  * engine/feature_head.py's FeatureHead.forward for T rows (a drafting level: 1 to 8 of them),
  *
- *     u   = W_fc [e(x_t) ; f_{t-1}] + b_fc                         [T, 2H] -> [T, H]
+ *     u   = W_fc [e(x_t) ; prev_t] + b_fc                          [T, H + P] -> [T, H]
  *     a   = Attention(RoPE(W_q n(u)), RoPE(W_k n(u)), W_v n(u))    over the cached slots and these rows
  *     h   = u + W_o a
  *     out = h + W_down (silu(W_gate n'(h)) * W_up n'(h))           n, n': RMSNorm with their weights
@@ -19,6 +19,7 @@
  * rows' keys and values at slots used .. used + T - 1. The products: dense_cpu.c's spectui_dot_bf16
  * (AVX512-BF16) or, on other AVX2 CPUs, its spectui_dense_bf16_x16 (bf16 weights widened to fp32).
  * Row t sees slot j when mask[t * (used + T) + j] != 0, or, without a mask, when j <= used + t (causal).
+ * prev_t is f_{t-1} (P = H), or f_{t-1} ; e(x_{t-1}) for a head that reads the previous token (P = 2H).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -60,7 +61,7 @@ static void rotate(float *x, int64_t D, const float *cosv, const float *sinv) {
     }
 }
 
-int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
+int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I, int64_t P,
                        const int64_t *tokens, const uint16_t *embed, const uint16_t *prev, const int64_t *positions,
                        const float *inv_freq, const uint16_t *fc_w, const float *fc_b, const float *norm_in,
                        const uint16_t *qkv_w, const uint16_t *o_w, const float *norm_post, const uint16_t *gu_w,
@@ -71,7 +72,8 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
     const int64_t S = used + T, QKV = (Hq + 2 * Hkv) * D, G = Hq / Hkv;
     const int nthreads = threads > 0 ? threads : 1;
     /* scratch, fp32 unless named _b (bf16) */
-    uint16_t *in_b = malloc(sizeof(uint16_t) * T * 2 * H);   /* [T, 2H]: e(x_t) ; f_{t-1} */
+    const int64_t K = H + P;                                  /* fc's input width */
+    uint16_t *in_b = malloc(sizeof(uint16_t) * T * K);        /* [T, H + P]: e(x_t) ; prev (f_{t-1}, e(x_{t-1})) */
     float *u = malloc(sizeof(float) * T * H);                 /* [T, H] */
     uint16_t *x_b = malloc(sizeof(uint16_t) * T * (I > H ? I : H)); /* a product's input */
     float *qkv = malloc(sizeof(float) * T * QKV);             /* [T, (Hq + 2 Hkv) D] */
@@ -85,15 +87,15 @@ int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
         goto done;
     }
     for (int64_t t = 0; t < T; t++) {
-        memcpy(in_b + t * 2 * H, embed + tokens[t] * H, sizeof(uint16_t) * H);
-        memcpy(in_b + t * 2 * H + H, prev + t * H, sizeof(uint16_t) * H);
+        memcpy(in_b + t * K, embed + tokens[t] * H, sizeof(uint16_t) * H);
+        memcpy(in_b + t * K + H, prev + t * P, sizeof(uint16_t) * P);
         for (int64_t i = 0; i < D / 2; i++) {
             const float angle = (float)positions[t] * inv_freq[i];
             rot[t * D + i] = cosf(angle);
             rot[t * D + D / 2 + i] = sinf(angle);
         }
     }
-    dot(T, H, 2 * H, in_b, 2 * H, fc_w, fc_b, u, H, nthreads);             /* u = W_fc [e ; f] + b */
+    dot(T, H, K, in_b, K, fc_w, fc_b, u, H, nthreads);                     /* u = W_fc [e ; prev] + b */
     rms_bf16(T, H, u, norm_in, eps, x_b);
     dot(T, QKV, H, x_b, H, qkv_w, NULL, qkv, QKV, nthreads);              /* q | k | v */
     for (int64_t t = 0; t < T; t++) {

@@ -20,10 +20,10 @@ import torch
 from . import dense_cpu, native
 
 I64, PTR = ct.c_int64, ct.c_void_p
-# spectui_head_layer(T, H, Hq, Hkv, D, I, tokens, embed, prev, positions, inv_freq, fc_w, fc_b, norm_in,
+# spectui_head_layer(T, H, Hq, Hkv, D, I, P, tokens, embed, prev, positions, inv_freq, fc_w, fc_b, norm_in,
 #                    qkv_w, o_w, norm_post, gu_w, down_w, eps, kcache, vcache, cap, used, mask, out, dot, threads,
 #                    kv_fp32)
-ARGTYPES = [I64] * 6 + [PTR] * 13 + [ct.c_float, PTR, PTR, I64, I64, PTR, PTR, PTR, ct.c_int, ct.c_int]
+ARGTYPES = [I64] * 7 + [PTR] * 13 + [ct.c_float, PTR, PTR, I64, I64, PTR, PTR, PTR, ct.c_int, ct.c_int]
 MAX_ROWS = 8  # more rows (a prompt's catch-up) go to torch, whose products batch them better
 MAX_HEAD_DIM = 256
 
@@ -53,8 +53,8 @@ class HeadLayer:
 
     def __call__(self, tokens: list[int], prev: torch.Tensor, positions: list[int], kv: torch.Tensor, used: int,
                  mask: torch.Tensor | None) -> torch.Tensor:
-        """prev [T, H]; kv [2, Hkv, cap, D] bf16 or fp32, contiguous; mask [T, used + T] (nonzero: may see)
-        or None (causal) -> [T, H] bf16."""
+        """prev [T, P] (FeatureHead.prev_inputs: f_{t-1}, then e(x_{t-1}) for a prev_token head); kv [2, Hkv,
+        cap, D] bf16 or fp32, contiguous; mask [T, used + T] (nonzero: may see) or None (causal) -> [T, H] bf16."""
         if kv.dtype not in (torch.bfloat16, torch.float32) or not kv.is_contiguous():
             raise ValueError(f"the drafter's cache must be contiguous bf16 or fp32, not {kv.dtype}")
         T = len(tokens)
@@ -64,7 +64,9 @@ class HeadLayer:
         m = None if mask is None else mask.to(torch.uint8).contiguous()
         out = torch.empty(T, self.H, dtype=torch.bfloat16)
         w = self.w
-        status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, tok.data_ptr(),
+        if prev.shape != (T, self.w["fc_w"].shape[1] - self.H):
+            raise ValueError(f"prev rows {tuple(prev.shape)} do not fit the layer's input {tuple(self.w['fc_w'].shape)}")
+        status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, prev.shape[1], tok.data_ptr(),
                          self.embed.data_ptr(), prev.data_ptr(), pos.data_ptr(), self.inv_freq.data_ptr(),
                          w["fc_w"].data_ptr(), w["fc_b"].data_ptr(), w["norm_in"].data_ptr(), w["qkv_w"].data_ptr(),
                          w["o_w"].data_ptr(), w["norm_post"].data_ptr(), w["gu_w"].data_ptr(), w["down_w"].data_ptr(),

@@ -39,7 +39,7 @@ def predict_topk_features(head, seqs: list[Sequence], k: int, tick: Callable[[in
         L = len(seq.ids)
         off = window_offset(seq.start)  # positions 1 .. off are not fed (the first root is at seq.start)
         predicted, _ = head(torch.tensor([seq.ids[off + 1 :]]), features[None, off : L - 1],
-                            torch.arange(off + 1, L)[None])  # [1, L-1-off, H]
+                            torch.arange(off + 1, L)[None], before=torch.tensor([seq.ids[off : L - 1]]))  # [1, L-1-off, H]
         top = head.vocab_ids[torch.topk(head.draft_logits(predicted[0]).float(), k, dim=-1).indices]  # position t = row t-1-off
         out.append(top[max(seq.start - 1, 0) - off : L - 2 - off] if seq.start >= 1 else torch.cat([top[:1], top[: L - 2]]))
         tick(L)

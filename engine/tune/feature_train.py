@@ -71,11 +71,12 @@ def windows(parts: list[dict], window: int) -> list[tuple[int, int, int, int]]:
 
 def make_batch(parts, chosen, vocab_map: torch.Tensor, prompt_weight: float):
     """-> tensors [B, T(,...)] for windows of one length: tokens, prev, target, positions, top ids
-    (draft-vocabulary indices, -1 outside), top logp, weights."""
+    (draft-vocabulary indices, -1 outside), top logp, weights, the tokens before `tokens` (x_{t-1})."""
     T = max(e - s for _, s, e, _ in chosen) - 1
     B, H = len(chosen), parts[0]["hidden"].shape[1]
     K = parts[0]["top_ids"].shape[1]
     tokens = torch.zeros(B, T, dtype=torch.long)
+    before = torch.zeros(B, T, dtype=torch.long)
     prev = torch.zeros(B, T, H, dtype=torch.bfloat16)
     target = torch.zeros(B, T, H, dtype=torch.bfloat16)
     top = torch.full((B, T, K), -1, dtype=torch.long)
@@ -86,6 +87,7 @@ def make_batch(parts, chosen, vocab_map: torch.Tensor, prompt_weight: float):
         part, n = parts[pi], e - s - 1
         seq_start = int(part["starts"][torch.searchsorted(part["starts"], torch.tensor(s), right=True) - 1])
         tokens[b, :n] = part["ids"][s + 1 : e].long()
+        before[b, :n] = part["ids"][s : e - 1].long()
         prev[b, :n] = part["hidden"][s : e - 1]
         target[b, :n] = part["hidden"][s + 1 : e]
         top[b, :n] = vocab_map[part["top_ids"][s + 1 : e].long()]
@@ -93,7 +95,7 @@ def make_batch(parts, chosen, vocab_map: torch.Tensor, prompt_weight: float):
         positions[b, :n] = torch.arange(s + 1 - seq_start, e - seq_start)
         rows = torch.arange(s + 1, e)
         weights[b, :n] = torch.where(rows >= a - 1, 1.0, prompt_weight)
-    return tokens, prev, target, positions, top, logp, weights
+    return tokens, prev, target, positions, top, logp, weights, before
 
 
 def position_losses(head: FeatureHead, features: torch.Tensor, target, top, logp, cls_weight: float):
@@ -116,8 +118,8 @@ def two_step_mask(T: int) -> torch.Tensor:
 
 
 def batch_loss(head: FeatureHead, batch, cfg: FeatureTrainConfig):
-    tokens, prev, target, positions, top, logp, weights = batch
-    features, (k, v) = head(tokens, prev, positions)  # [B, T, H]
+    tokens, prev, target, positions, top, logp, weights, before = batch
+    features, (k, v) = head(tokens, prev, positions, before=before)  # [B, T, H]
     loss, hit = position_losses(head, features, target, top, logp, cfg.cls_weight)
     total = (loss * weights).sum() / weights.sum().clamp(min=1)
     hit2 = None
@@ -125,7 +127,7 @@ def batch_loss(head: FeatureHead, batch, cfg: FeatureTrainConfig):
         # input at t: x_t with the head's own f^_{t-1} (the first position has no prediction: kept true)
         own = torch.cat([prev[:, :1].float(), features[:, :-1].detach().float()], dim=1)
         mask = two_step_mask(tokens.shape[1]).to(tokens.device)
-        feats2, _ = head(tokens, own, positions, past=(k, v), mask=mask)
+        feats2, _ = head(tokens, own, positions, past=(k, v), mask=mask, before=before)
         loss2, hit2 = position_losses(head, feats2, target, top, logp, cfg.cls_weight)
         total = total + (loss2 * weights).sum() / weights.sum().clamp(min=1)
     return total, hit, hit2, weights

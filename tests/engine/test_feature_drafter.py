@@ -4,10 +4,13 @@ A random FeatureHead over random features and tokens (no verifier needed): the r
 feature after catch-up, and a drafted node's, must equal the head's own causal forward over the
 equivalent chain (the drafted node fed with its parent's predicted feature); a drafter that caught
 up step by step (features arriving after each step, drafted slots dropped) must hold the same cache
-as a fresh one. Saving and loading keep the head's outputs.
+as a fresh one. Saving and loading keep the head's outputs. Each for a head that reads the token
+before each input too (prev_token): the drafter hands it the committed or parent token.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,20 +25,21 @@ CONFIG = FeatureHeadConfig(hidden=H, heads=4, kv_heads=2, head_dim=16, intermedi
                            draft_vocab=300)
 
 
-@pytest.fixture()
-def head():
+@pytest.fixture(params=[False, True], ids=["plain", "prev_token"])
+def head(request):
     torch.manual_seed(0)
-    head = FeatureHead(CONFIG)
+    head = FeatureHead(replace(CONFIG, prev_token=request.param))
     head.vocab_ids.copy_(torch.randperm(V)[: CONFIG.draft_vocab].sort().values)
     head.attach(torch.randn(V, H), torch.randn(V, H) * 3)
     return head.eval()
 
 
-def chain_features(head, tokens, prev):
-    """The head's causal forward over positions 1 .. len(tokens): inputs x_p, prev[p - 1] -> f^ [T, H]."""
+def chain_features(head, tokens, prev, x0: int = 0):
+    """The head's causal forward over positions 1 .. len(tokens): inputs x_p, prev[p - 1] (and x_{p-1}, x0
+    before the first) -> f^ [T, H]."""
     positions = torch.arange(1, len(tokens) + 1)[None]
     with torch.no_grad():
-        out, _ = head(torch.tensor([tokens]), prev[None], positions)
+        out, _ = head(torch.tensor([tokens]), prev[None], positions, before=torch.tensor([[x0, *tokens[:-1]]]))
     return out[0]
 
 
@@ -54,11 +58,11 @@ def test_root_and_drafted_node_match_the_causal_forward(head):
     committed, feats, drafter = primed(head, seed=1, tokens=20, positions=19, known=19)
     tree = TokenTree.with_root(committed[-1])
     children = drafter.begin(committed, tree, 0, 2)
-    reference = chain_features(head, committed[1:], feats)  # positions 1 .. 19
+    reference = chain_features(head, committed[1:], feats, committed[0])  # positions 1 .. 19
     assert torch.allclose(drafter.own_feature[0], reference[-1], atol=1e-5)
     grandchildren = drafter.expand(tree, 0, children, 2)
     for child in children:  # fed as (its token, the root's f^) at position 20
-        chained = chain_features(head, committed[1:] + [tree.tokens[child]], torch.cat([feats, reference[-1:]]))
+        chained = chain_features(head, committed[1:] + [tree.tokens[child]], torch.cat([feats, reference[-1:]]), committed[0])
         assert torch.allclose(drafter.own_feature[child], chained[-1], atol=1e-5)
     assert len(grandchildren) == 4 and all(tree.depths[g] == 2 for g in grandchildren)
     # the top-1 child is the draft vocabulary's argmax of the root's f^
@@ -101,7 +105,8 @@ def test_a_fresh_cache_is_fed_the_last_window_of_a_long_prompt(head, monkeypatch
     root = drafter.catch_up(committed)  # n = 20: positions 13 .. 20 fed, slots 0 .. 7
     assert (drafter.offset, drafter.fed, drafter.fed_last) == (12, 8, 8)
     with torch.no_grad():  # the head's causal forward over positions 13 .. 20 alone
-        out, _ = head(torch.tensor([committed[13:21]]), feats[None, 12:20], torch.arange(13, 21)[None])
+        out, _ = head(torch.tensor([committed[13:21]]), feats[None, 12:20], torch.arange(13, 21)[None],
+                      before=torch.tensor([committed[12:20]]))
     assert torch.allclose(root, out[0, -1], atol=1e-5)
     # a drafted node sees the window's slots and the root's f^, at position 21
     tree = TokenTree.with_root(committed[-1])
@@ -109,7 +114,8 @@ def test_a_fresh_cache_is_fed_the_last_window_of_a_long_prompt(head, monkeypatch
     drafter.expand(tree, 0, [child], 1)
     with torch.no_grad():
         out, _ = head(torch.tensor([committed[13:21] + [tree.tokens[child]]]),
-                      torch.cat([feats[12:20], root[None]])[None], torch.arange(13, 22)[None])
+                      torch.cat([feats[12:20], root[None]])[None], torch.arange(13, 22)[None],
+                      before=torch.tensor([committed[12:21]]))
     assert torch.allclose(drafter.own_feature[child], out[0, -1], atol=1e-5)
     drafter.finish()
     # the next step extends the window; features that change before it empty the cache
@@ -128,6 +134,7 @@ def test_save_and_load_keep_the_outputs(head, tmp_path):
     head.save(tmp_path / "fh", {"note": "test"})
     assert is_feature_head(tmp_path / "fh") and not is_feature_head(tmp_path)
     loaded = FeatureHead.load(tmp_path / "fh")
+    assert loaded.config == head.config
     loaded.attach(head.embed, torch.zeros(V, H).index_copy_(0, head.vocab_ids, head.draft_rows))
     assert torch.equal(loaded.vocab_ids, head.vocab_ids)
     tokens, prev = torch.randint(0, V, (6,)).tolist(), torch.randn(6, H)
@@ -135,8 +142,8 @@ def test_save_and_load_keep_the_outputs(head, tmp_path):
     assert torch.allclose(chain_features(loaded, tokens, prev), chain_features(head, tokens, prev), atol=0.1)
 
 
-@pytest.mark.parametrize("window", [None, 8])
-def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models, monkeypatch, window):
+@pytest.mark.parametrize("window,prev_token", [(None, False), (8, False), (None, True)])
+def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models, monkeypatch, window, prev_token):
     """`spectui tune-eval` measures a feature head teacher-forced (engine/tune/evaluate.py): its top-k at
     each answer position must be the children the FeatureDrafter hangs under the root there, with the
     features the engine hands it (the verifier's, from its own passes); with a window shorter than the
@@ -149,7 +156,7 @@ def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models, mon
 
     verifier = embedded_models.verifier
     torch.manual_seed(4)
-    head = FeatureHead(FeatureHeadConfig.for_verifier(verifier.config, draft_vocab=512))
+    head = FeatureHead(replace(FeatureHeadConfig.for_verifier(verifier.config, draft_vocab=512), prev_token=prev_token))
     head.vocab_ids.copy_(torch.arange(512))
     head.attach(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight, verifier=verifier)
     head.eval()
@@ -170,3 +177,16 @@ def test_tune_eval_predictions_are_the_drafters_first_level(embedded_models, mon
         drafter.finish()
         assert drafter.offset == (0 if window is None else 15 - window)
         assert [tree.tokens[c] for c in children] == top[t - seq.start].tolist()
+
+
+def test_with_prev_token_keeps_the_outputs_until_trained(head):
+    if head.config.prev_token:
+        assert head.with_prev_token() is head
+        return
+    wider = head.with_prev_token()
+    assert wider.config.prev_token and wider.fc.weight.shape == (H, 3 * H)
+    tokens, prev = torch.randint(0, V, (6,)).tolist(), torch.randn(6, H)
+    assert torch.equal(chain_features(wider, tokens, prev, 5), chain_features(head, tokens, prev, 5))
+    with torch.no_grad():
+        wider.fc.weight[:, 2 * H :].normal_()  # once trained, the token before each input counts
+    assert not torch.allclose(chain_features(wider, tokens, prev, 5), chain_features(wider, tokens, prev, 6))

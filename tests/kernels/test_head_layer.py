@@ -9,6 +9,8 @@ other AVX2 CPUs); and a FeatureDrafter drafts through it where `use_kernels` bui
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -26,9 +28,9 @@ pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() 
 DRAFTER_DTYPE = torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else torch.float32  # as loading.py picks
 
 
-def make_head(seed: int = 0) -> FeatureHead:
+def make_head(seed: int = 0, prev_token: bool = False) -> FeatureHead:
     torch.manual_seed(seed)
-    head = FeatureHead(CONFIG)
+    head = FeatureHead(replace(CONFIG, prev_token=prev_token))
     with torch.no_grad():
         head.norm_in.uniform_(0.5, 1.5)
         head.norm_post.uniform_(0.5, 1.5)
@@ -42,16 +44,18 @@ def close(got: torch.Tensor, want: torch.Tensor, rel: float = 0.02) -> bool:
     return bool((got - want).norm() <= rel * want.norm())
 
 
-@pytest.mark.parametrize("T,used", [(1, 0), (1, 7), (3, 12), (8, 30)])
+@pytest.mark.parametrize("T,used,prev_token", [(1, 0, False), (1, 7, False), (3, 12, False), (8, 30, False),
+                                               (1, 7, True), (8, 30, True)])
 @pytest.mark.parametrize("tree_mask", [False, True])
 @pytest.mark.parametrize("cache", [torch.bfloat16, torch.float32])
-def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask, cache):
-    head = make_head()
+def test_rows_and_cache_writes_match_the_torch_forward(T, used, prev_token, tree_mask, cache):
+    head = make_head(prev_token=prev_token)
     layer = head.make_layer_kernel()
     assert layer is not None
     g = torch.Generator().manual_seed(T * 100 + used)
     tokens = torch.randint(0, V, (used + T,), generator=g).tolist()
     prev = torch.randn(used + T, H, generator=g)
+    before = torch.tensor([0, *tokens[:-1]])  # x_{t-1}: what a prev_token head reads beside f_{t-1}
     positions = list(range(1, used + T + 1))
     mask = None
     if tree_mask:  # row t sees the first used - 2 slots, itself, and each other new row with chance 1/2
@@ -62,14 +66,16 @@ def test_rows_and_cache_writes_match_the_torch_forward(T, used, tree_mask, cache
     with torch.no_grad():
         past = None
         if used:
-            _, past = head(torch.tensor([tokens[:used]]), prev[None, :used], torch.tensor([positions[:used]]))
+            _, past = head(torch.tensor([tokens[:used]]), prev[None, :used], torch.tensor([positions[:used]]),
+                           before=before[None, :used])
         want, (k, v) = head(torch.tensor([tokens[used:]]), prev[None, used:], torch.tensor([positions[used:]]), past,
-                            None if mask is None else mask[None, None])
+                            None if mask is None else mask[None, None], before[None, used:])
     cap = used + T + 5
     kv = torch.zeros(2, CONFIG.kv_heads, cap, CONFIG.head_dim, dtype=cache)
     if used:
         kv[0, :, :used], kv[1, :, :used] = past[0][0], past[1][0]
-    got = layer(tokens[used:], prev[used:].to(torch.bfloat16), positions[used:], kv, used, mask)
+    rows = head.prev_inputs(prev[used:], before[used:])  # [T, H], or [T, 2H] with e(x_{t-1})
+    got = layer(tokens[used:], rows.to(torch.bfloat16), positions[used:], kv, used, mask)
     assert got.shape == (T, H) and got.dtype == torch.bfloat16
     assert close(got, want[0])
     assert close(kv[0, :, used : used + T], k[0, :, used:]) and close(kv[1, :, used : used + T], v[0, :, used:], 0.01)
