@@ -39,14 +39,14 @@ from spectui.engine.tune.data import Example, answer_batch, prompt_ids, read_sha
 from spectui.engine.tune.features import FeatureRows, features_path, save_kept_features, write_features
 from spectui.engine.tune.teacher_head import use_teacher_head
 from spectui.engine.batch_generate import generate_batch
-from spectui.engine.tune.magpie import (Deduper, PromptFilter, clean, end_of_query, pre_query_ids, read_excluded,
-                                        template_fragments)
+from spectui.engine.tune.config import TuneConfig
+from spectui.engine.tune.magpie import Deduper, SampleJudge, pre_query_ids, read_excluded
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 PROMPTS = DATA / "tune_prompts.jsonl.gz"
 BENCH = (DATA / "vicuna_bench_questions.jsonl", DATA / "spec_bench_dev.jsonl")  # measured on, never trained on
-MAGPIE_BATCH, MAGPIE_TOKENS = 48, 80  # samples a round, tokens a sample at most (longer ones are dropped)
+MAGPIE_BATCH = 48  # samples a round, as stop 49's run took them (spectui tune: 32)
 
 
 def balanced_prompts(path: Path, seed: int, max_chars: int) -> list[str]:
@@ -67,40 +67,37 @@ def balanced_prompts(path: Path, seed: int, max_chars: int) -> list[str]:
 
 
 class MagpiePrompts(list):
-    """The verifier's own prompts, kept in `path` (one JSON line each) and sampled as more are wanted."""
+    """The verifier's own prompts, kept in `path` (one JSON line each) and sampled as more are wanted,
+    with `spectui tune`'s sampling settings and rules (TuneConfig, magpie.SampleJudge)."""
 
     def __init__(self, path: Path, models, runner, seed: int) -> None:
         super().__init__()
         if path.exists():
             self.extend(json.loads(line)["prompt"] for line in path.open(encoding="utf-8"))
-        self.path, self.runner, self.seed = path, runner, seed
-        tok, template = models.tokenizer, models.chat_template
-        self.tokenizer, self.stop = tok, models.stop_token_ids()
-        self.head, self.end_text = pre_query_ids(tok, template), end_of_query(tok, template)
-        excluded = set().union(*(read_excluded(p) for p in BENCH if p.exists()))
-        self.filter = PromptFilter(forbidden=template_fragments(tok, template), excluded=excluded)
-        self.seen, self.rejected, self.rounds = Deduper(self), {}, 0
+        self.path, self.runner, self.seed, self.cfg = path, runner, seed, TuneConfig()
+        self.stop = models.stop_token_ids()
+        self.head = pre_query_ids(models.tokenizer, models.chat_template)
+        excluded = set().union(*(read_excluded(p) for p in BENCH))
+        self.judge = SampleJudge.for_template(models.tokenizer, models.chat_template, self.stop, self.cfg,
+                                              Deduper(self), excluded)
+        self.rounds = 0
 
     def want(self, count: int) -> None:
         """Sample until `count` prompts are kept, or give up after ~10x the rounds that should take (a
         model that rarely ends its turn): the run then ends where the prompts do."""
+        cfg = self.cfg
         give_up = self.rounds + 10 * (max(count - len(self), 0) // MAGPIE_BATCH + 1)
         with self.path.open("a", encoding="utf-8") as handle:
             while len(self) < count and self.rounds < give_up:
                 torch.manual_seed(self.seed * 1_000_003 + 7 * len(self) + self.rounds)
                 self.rounds += 1
-                rows = generate_batch(self.runner, [self.head] * MAGPIE_BATCH, MAGPIE_TOKENS, self.stop,
-                                      greedy=False, temperature=1.0, top_p=0.95)
-                for row, finished in rows:
-                    end = next((i for i, t in enumerate(row) if t in self.stop), None)
-                    text, ended = clean(self.tokenizer.decode(row[:end], skip_special_tokens=False), self.end_text)
-                    reason = None if ended or finished else "unfinished"
-                    reason = reason or self.filter.reject_reason(text) or (None if self.seen.add(text) else "duplicate")
-                    if reason:
-                        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-                        continue
-                    self.append(text)
-                    handle.write(json.dumps({"prompt": text}) + "\n")
+                rows = generate_batch(self.runner, [self.head] * MAGPIE_BATCH, cfg.magpie_max_tokens, self.stop,
+                                      greedy=False, temperature=cfg.magpie_temperature, top_p=cfg.magpie_top_p)
+                for row, _ in rows:
+                    text = self.judge(row)
+                    if text is not None:
+                        self.append(text)
+                        handle.write(json.dumps({"prompt": text}) + "\n")
                 handle.flush()
 
 
@@ -162,7 +159,7 @@ def main() -> int:
         done += sum(len(e.answer_ids) for e in shard)
         total += positions
         print(f"{time.strftime('%H:%M:%S')} shard {index}: {done} answer tokens, {total} positions, "
-              f"{time.perf_counter() - began:.0f} s" + (f", Magpie rejected {magpie.rejected}" if magpie is not None else ""),
+              f"{time.perf_counter() - began:.0f} s" + (f", Magpie rejected {magpie.judge.rejected}" if magpie is not None else ""),
               flush=True)
         index += 1
     return 0

@@ -129,6 +129,41 @@ def clean(text: str, end_text: str) -> tuple[str, bool]:
     return re.sub(r"[ \t]+\n", "\n", text).strip(), ended
 
 
+@dataclass
+class SampleJudge:
+    """One sampled continuation of the pre-query context -> the prompt it holds, or None with the reason
+    counted in `rejected`: it did not end its turn (when `require_end`), the filter refused it, or it
+    was seen before. `spectui tune` and scripts/feature_data.py --magpie keep prompts by the same rules."""
+
+    tokenizer: object
+    stop_ids: list[int]
+    end_text: str
+    filter: PromptFilter
+    seen: Deduper
+    require_end: bool = True
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_template(cls, tokenizer, chat_template: str | None, stop_ids: list[int], cfg, seen: Deduper,
+                     excluded: set[str]) -> "SampleJudge":
+        """cfg: the TuneConfig whose prompt bounds and magpie_require_end apply; excluded: normalised
+        prompts never to keep (read_excluded)."""
+        flt = PromptFilter(cfg.min_prompt_chars, cfg.max_prompt_chars, cfg.min_printable,
+                           template_fragments(tokenizer, chat_template), excluded)
+        return cls(tokenizer, list(stop_ids), end_of_query(tokenizer, chat_template), flt, seen, cfg.magpie_require_end)
+
+    def __call__(self, row: list[int]) -> str | None:
+        stop = next((i for i, t in enumerate(row) if t in self.stop_ids), None)
+        text, ended = clean(self.tokenizer.decode(row[:stop], skip_special_tokens=False), self.end_text)
+        ended = ended or stop is not None
+        reason = None if ended or not self.require_end else "unfinished"
+        reason = reason or self.filter.reject_reason(text) or (None if self.seen.add(text) else "duplicate")
+        if reason:
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            return None
+        return text
+
+
 @torch.no_grad()
 def synthesise(
     verifier,
@@ -149,12 +184,10 @@ def synthesise(
     so the caller may get fewer. Returns the number kept.
     """
     head = pre_query_ids(tokenizer, chat_template)
-    end_text = end_of_query(tokenizer, chat_template)
-    flt = PromptFilter(
-        cfg.min_prompt_chars, cfg.max_prompt_chars, cfg.min_printable,
-        template_fragments(tokenizer, chat_template), read_excluded(cfg.exclude_file),
-    )
-    rejected = rejected if rejected is not None else {}
+    judge = SampleJudge.for_template(tokenizer, chat_template, stop_ids, cfg, seen, read_excluded(cfg.exclude_file))
+    if rejected is not None:
+        judge.rejected = rejected
+    end_text = judge.end_text
     device = next(verifier.parameters()).device
     x = torch.tensor([head] * cfg.magpie_batch, device=device)  # [B, P]: same context, no padding
     kwargs = dict(
@@ -170,13 +203,8 @@ def synthesise(
         rounds += 1
         out = verifier.generate(x, attention_mask=torch.ones_like(x), **kwargs)[:, len(head):]  # [B, <=N]
         for row in out.tolist():
-            stop = next((i for i, t in enumerate(row) if t in stop_ids), None)
-            text, ended = clean(tokenizer.decode(row[:stop], skip_special_tokens=False), end_text)
-            ended = ended or stop is not None
-            reason = None if ended or not cfg.magpie_require_end else "unfinished"
-            reason = reason or flt.reject_reason(text) or (None if seen.add(text) else "duplicate")
-            if reason:
-                rejected[reason] = rejected.get(reason, 0) + 1
+            text = judge(row)
+            if text is None:
                 continue
             keep(text)
             kept += 1
