@@ -111,13 +111,14 @@ class FeatureDrafter:
             kv[:, :, :, : self.used] = self.kv[:, :, :, : self.used]
             self.kv = kv
 
-    def _run(self, tokens: list[int], prev: torch.Tensor, positions: list[int], mask, before: list[int]) -> torch.Tensor:
+    def _run(self, tokens: list[int], prev: torch.Tensor, positions: list[int], mask,
+             before: list[int] | None) -> torch.Tensor:
         """Feed rows into slots used .. used + T - 1 -> f^ [T, H]. mask [1, 1, T, used + T] or None (causal);
-        before: the token before each row's (read by a prev_token head)."""
+        before: the token before each row's (a prev_token head's; None for others)."""
         T = len(tokens)
         self._reserve(self.used + T)
         layer = self.head.layer_kernel
-        before = torch.tensor(before) if self.head.config.prev_token else None
+        before = None if before is None else torch.tensor(before)
         if layer is not None and T <= MAX_KERNEL_ROWS:  # a level or a steady catch-up: one C call
             rows = self.head.prev_inputs(prev, before)  # [T, H], or [T, 2H] with e(x_{t-1})
             out = layer(tokens, rows, positions, self.kv[:, 0], self.used, None if mask is None else mask[0, 0])
@@ -151,7 +152,8 @@ class FeatureDrafter:
         else:
             prev = torch.stack([self._prev(p) for p in positions])  # [T, H]
         self.fed_last = len(positions)
-        out = self._run([committed[p] for p in positions], prev, positions, None, [committed[p - 1] for p in positions])
+        before = [committed[p - 1] for p in positions] if self.head.config.prev_token else None
+        out = self._run([committed[p] for p in positions], prev, positions, None, before)
         self.fed = n - self.offset
         self.tokens = list(committed)
         return out[-1]
@@ -181,8 +183,8 @@ class FeatureDrafter:
                 ancestor = tree.parents[ancestor]
         prev = torch.stack([self.own_feature[tree.parents[node]] for node in frontier])  # [T, H]
         positions = [self.n + tree.depths[node] for node in frontier]
-        out = self._run([tree.tokens[node] for node in frontier], prev, positions, mask,
-                        [tree.tokens[tree.parents[node]] for node in frontier])
+        before = [tree.tokens[tree.parents[node]] for node in frontier] if self.head.config.prev_token else None
+        out = self._run([tree.tokens[node] for node in frontier], prev, positions, mask, before)
         for row, node in enumerate(frontier):
             self.own_feature[node] = out[row]
         return self._hang(tree, source, frontier, out, width)

@@ -48,6 +48,7 @@ class HeadLayer:
         self.H = self.embed.shape[1]
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.I = self.w["down_w"].shape[1]
+        self.P = self.w["fc_w"].shape[1] - self.H  # the width of prev: H, or 2H for a prev_token head
         self.inv_freq = 1.0 / rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [D/2]
         self.eps = eps
 
@@ -64,9 +65,9 @@ class HeadLayer:
         m = None if mask is None else mask.to(torch.uint8).contiguous()
         out = torch.empty(T, self.H, dtype=torch.bfloat16)
         w = self.w
-        if prev.shape != (T, self.w["fc_w"].shape[1] - self.H):
+        if prev.shape != (T, self.P):
             raise ValueError(f"prev rows {tuple(prev.shape)} do not fit the layer's input {tuple(self.w['fc_w'].shape)}")
-        status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, prev.shape[1], tok.data_ptr(),
+        status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, self.P, tok.data_ptr(),
                          self.embed.data_ptr(), prev.data_ptr(), pos.data_ptr(), self.inv_freq.data_ptr(),
                          w["fc_w"].data_ptr(), w["fc_b"].data_ptr(), w["norm_in"].data_ptr(), w["qkv_w"].data_ptr(),
                          w["o_w"].data_ptr(), w["norm_post"].data_ptr(), w["gu_w"].data_ptr(), w["down_w"].data_ptr(),
