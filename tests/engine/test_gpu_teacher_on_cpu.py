@@ -94,9 +94,39 @@ def test_padded_feature_pass_gives_each_sequence_its_own_features(teacher, tmp_p
     assert stats["steps"] == 2 * batches and stats["final_loss"] == stats["final_loss"]  # two epochs, loss not NaN
 
 
-def test_feature_loss_runs_on_another_device(teacher):
+def test_head_to_train_loads_widens_or_starts_fresh(teacher, tmp_path):
+    gpu_teacher, gpu_models = teacher
+    config = FeatureHeadConfig.for_verifier(gpu_models.llama_config("tiny"), draft_vocab=32)
+    torch.manual_seed(3)
+    saved = FeatureHead(config)
+    saved.vocab_ids.copy_(torch.randperm(100)[:32])
+    saved.save(tmp_path / "init")
+    init = FeatureHead.load(tmp_path / "init")
+    H = config.hidden
+
+    same = gpu_teacher.head_to_train(tmp_path / "init", scratch=False, prev_token=False)
+    assert same.training and not same.config.prev_token
+    assert all(torch.equal(a, b) for a, b in zip(same.state_dict().values(), init.state_dict().values()))
+
+    wider = gpu_teacher.head_to_train(tmp_path / "init", scratch=False, prev_token=True)
+    assert wider.config.prev_token and wider.fc.weight.shape == (H, 3 * H)
+    assert torch.equal(wider.fc.weight[:, : 2 * H], init.fc.weight) and not wider.fc.weight[:, 2 * H :].any()
+
+    fresh = [gpu_teacher.head_to_train(tmp_path / "init", scratch=True, prev_token=True, seed=s) for s in (0, 0, 1)]
+    for head in fresh:
+        assert head.config.prev_token and head.fc.weight.shape == (H, 3 * H)
+        assert torch.equal(head.vocab_ids, init.vocab_ids)  # the init's draft vocabulary, fresh weights
+        assert not torch.equal(head.qkv.weight, init.qkv.weight)
+    assert torch.equal(fresh[0].qkv.weight, fresh[1].qkv.weight) and not torch.equal(fresh[0].qkv.weight, fresh[2].qkv.weight)
+    plain = gpu_teacher.head_to_train(tmp_path / "init", scratch=True, prev_token=False)
+    assert not plain.config.prev_token and plain.fc.weight.shape == (H, 2 * H)
+
+
+@pytest.mark.parametrize("prev_token", [False, True])
+def test_feature_loss_runs_on_another_device(teacher, prev_token):
     _, gpu_models = teacher
     config = FeatureHeadConfig.for_verifier(gpu_models.llama_config("tiny"), draft_vocab=32)
+    config.prev_token = prev_token
     head = FeatureHead(config)
     head.vocab_ids.copy_(torch.arange(32))
     embed = torch.randn(100, config.hidden)
