@@ -41,6 +41,7 @@ def describe(preset: Preset, models_dir: Path) -> dict:
         "name": preset.name,
         "verifier": verifier,
         "ssms": ssms,
+        "extra_ssms": [describe_ssm(s) for s in preset.extra_ssms],  # made for it, not drafted by default
         "source": preset.source,
         "cached": not notes,
         "cache_problems": notes,
@@ -73,7 +74,7 @@ def model_choices(models_dir: Path) -> list[dict]:
 def speculator_choices(model: str, models_dir: Path) -> list[tuple[str, str]]:
     """The model picker's speculators for `model` (a --model value): (choice, label), each choice as
     presets.choose_speculators takes it: a preset's own SSMs first, the n-gram drafter alone, none,
-    then every SSM a preset names that is shipped or cached, with the n-gram drafter."""
+    then every SSM a preset names (drafted by default or extra) that is shipped or cached, with the n-gram drafter."""
     preset = PRESETS.get(model)
     choices = []
     if preset is not None and preset.ssms:
@@ -81,9 +82,9 @@ def speculator_choices(model: str, models_dir: Path) -> list[tuple[str, str]]:
         choices.append(("default", f"the preset's: {', '.join(own)}"))
     choices += [("ngram", "n-gram drafter only (prompt lookup)"), ("none", "none: one token a step, no speculation")]
     owners = sorted(PRESETS.values(), key=lambda p: p is not preset)  # this preset's SSMs first
-    for source in dict.fromkeys(source for owner in owners for source in owner.ssms):
+    for source in dict.fromkeys(source for owner in owners for source in (*owner.ssms, *owner.extra_ssms)):
         if cache_problem(source, models_dir) is None:
-            fits = "" if preset is not None and source in preset.ssms else " (it must share this model's vocabulary)"
+            fits = "" if preset is not None and source in (*preset.ssms, *preset.extra_ssms) else " (it must share this model's vocabulary)"
             choices.append((source, f"{describe_ssm(source)} + n-gram{fits}"))
     return choices
 

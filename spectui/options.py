@@ -21,7 +21,7 @@ from .engine import DEFAULT_PRESET
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 ModelOpt = typer.Option(DEFAULT_PRESET, "--model", "-m", help="preset, hub id (org/name), model folder or .gguf file")
-SsmOpt = typer.Option(None, "--ssm", help="add a speculative model (hub id or folder); repeatable")
+SsmOpt = typer.Option(None, "--ssm", help="add a speculative model (hub id, folder, or bundled:NAME for one shipped in ssms/); repeatable")
 QuantOpt = typer.Option("nf4", "--quant", help="verifier weights: nf4, fp4, int8 or none")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda")
 PromptsOpt = typer.Option(  # bench, tui-bench, tune-eval; None: spectui.data.bench_questions()

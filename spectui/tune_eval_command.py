@@ -26,7 +26,7 @@ from .options import DeviceOpt, ModelOpt, PromptsOpt, QuantOpt, UsageFailure, ch
 
 def tune_eval(
     model: str = ModelOpt,
-    ssm: Optional[list[str]] = typer.Option(None, "--ssm", help="SSM folder to measure; repeatable (default: the preset's SSMs)"),
+    ssm: Optional[list[str]] = typer.Option(None, "--ssm", help="SSM folder to measure; repeatable (default: every SSM the preset names, its extra ones too)"),
     prompts: Optional[Path] = PromptsOpt,
     per_category: Optional[int] = typer.Option(None, "--per-category", help="the first N prompts of each category"),
     limit: Optional[int] = typer.Option(None, "--limit", help="the first N prompts"),
@@ -55,7 +55,7 @@ def tune_eval(
         except PromptFileError as exc:
             raise UsageFailure(str(exc)) from None
         preset = resolve_model(model)
-        sources = [resolve_ssm(s) for s in ssm] if ssm else list(preset.ssms)
+        sources = [resolve_ssm(s) for s in ssm] if ssm else [*preset.ssms, *preset.extra_ssms]  # every SSM made for it
         if not sources:
             raise UsageFailure(f"{preset.name} has no SSMs: name some with --ssm")
         models = load_models(replace(preset, ssms=tuple(sources)), quant=quant, device=device, models_dir=paths.models_dir())

@@ -60,7 +60,7 @@ def test_generate_answers_paris_with_summary(embedded_dir, tmp_path):
     assert "tokens/s" in summary and "tokens per verifier step" in summary and "acceptance" in summary
     assert "attention exact" in summary and "nf4 on cpu" in summary
     info, events = read_trace(trace)
-    assert info.model == "smollm2-135m" and info.ssms == ["smollm2-feature", "smollm2-boost-1", "ngram"]
+    assert info.model == "smollm2-135m" and info.ssms == ["smollm2-feature", "ngram"]
     assert "".join(e.new_text for e in events).strip() == result.stdout.strip()
     assert events[-1].finished and events[0].step == 0
 
@@ -96,9 +96,9 @@ def test_models_json_lists_presets(embedded_dir):
     presets = {p["name"]: p for p in json.loads(result.stdout)["presets"]}
     assert set(presets) == {"smollm2-135m", "llama-7b"}
     assert presets["smollm2-135m"]["cached"] is True
-    assert len(presets["smollm2-135m"]["ssms"]) == 3  # the shipped feature head and SSM, and the n-gram drafter
+    assert len(presets["smollm2-135m"]["ssms"]) == 2  # the shipped feature head and the n-gram drafter
     assert presets["smollm2-135m"]["ssms"][0] == "smollm2-feature (feature head, shipped with spectui)"
-    assert presets["smollm2-135m"]["ssms"][1].startswith("smollm2-boost-1 (boost-tuned")
+    assert presets["smollm2-135m"]["extra_ssms"] == ["smollm2-boost-1 (boost-tuned, shipped with spectui)"]
     assert presets["llama-7b"]["cached"] is False
     assert presets["llama-7b"]["verifier"] == "huggyllama/llama-7b"
     assert presets["llama-7b"]["ssms"][:2] == ["JackFram/llama-68m", "JackFram/llama-160m"]
@@ -139,7 +139,7 @@ def test_generate_with_vote_merge_and_two_speculators(embedded_dir, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "red green blue" in result.stdout
     info, events = read_trace(trace)
-    assert info.merge == "vote" and len(info.ssms) == 4  # the preset's two SSMs, the --ssm, n-gram
+    assert info.merge == "vote" and len(info.ssms) == 3  # the preset's feature head, the --ssm, n-gram
     nodes = [node for event in events[1:] for node in event.tree[1:]]
     assert any(len(node.sources) >= 2 for node in nodes), "speculators should agree somewhere"
     for event in events[1:]:

@@ -1,5 +1,5 @@
-"""The speculators shipped for the embedded default (a feature head, a boost-tuned SSM): in budget, loaded by
-the preset, lossless."""
+"""The speculators shipped for the embedded default (a feature head it drafts with, a boost-tuned SSM it names
+as extra): in budget, each named by the preset, loaded, lossless."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ from pathlib import Path
 
 from spectui.engine.chat import Conversation, chat_turn
 from spectui.engine.loading import build_engine
-from spectui.engine.presets import BUNDLED, PRESETS
+from spectui.engine.presets import BUNDLED, PRESETS, shipped_ssms
 from spectui.engine.settings import GenerationSettings
 
 SSMS = Path(__file__).resolve().parents[2] / "ssms"
 
 
 def test_shipped_ssms_fit_the_budget():
-    folders = [SSMS / s.removeprefix(BUNDLED) for s in PRESETS["smollm2-135m"].ssms]
+    preset = PRESETS["smollm2-135m"]
+    named = [s.removeprefix(BUNDLED) for s in (*preset.ssms, *preset.extra_ssms)]
+    assert sorted(named) == shipped_ssms()  # every folder in ssms/ is one the preset drafts with or offers
+    folders = [SSMS / name for name in named]
     assert len(folders) >= 2
     total = 0
     for folder in folders:
@@ -30,10 +33,15 @@ def test_shipped_ssms_fit_the_budget():
     assert "spectui tune" in (SSMS / "README.md").read_text()  # how they were made
 
 
-def test_the_preset_loads_them_and_stays_lossless(embedded_models):
-    names = [name for name, _ in embedded_models.ssms]
-    assert names == [s.removeprefix(BUNDLED) for s in PRESETS["smollm2-135m"].ssms]
-    engine = build_engine(embedded_models)
+def test_the_preset_loads_them_and_stays_lossless(embedded_dir):
+    from spectui import paths
+    from spectui.engine.loading import load_models
+
+    preset = PRESETS["smollm2-135m"]
+    models = load_models(preset, extra_ssms=preset.extra_ssms, quant="nf4", device="cpu", models_dir=paths.models_dir())
+    names = [name for name, _ in models.ssms]
+    assert names == [s.removeprefix(BUNDLED) for s in (*preset.ssms, *preset.extra_ssms)]
+    engine = build_engine(models)
     assert engine.speculator_names == [*names, "ngram"]
     for prompt in ("What is the capital of France?", "Give me three tips for staying focused."):
         tokens = {}
@@ -44,7 +52,7 @@ def test_the_preset_loads_them_and_stays_lossless(embedded_models):
         }.items():
             conversation = Conversation()
             conversation.add("user", prompt)
-            events = list(chat_turn(engine, embedded_models, conversation, settings))
+            events = list(chat_turn(engine, models, conversation, settings))
             tokens[mode] = [t for e in events for t in e.new_tokens]
             if mode == "fixed":
                 origins = {o for e in events for o in e.token_origins}

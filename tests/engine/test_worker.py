@@ -36,7 +36,7 @@ def test_worker_matches_the_engine_in_this_process(worker, embedded_models):
     assert there.messages[-1].role == "assistant" and there.messages[-1].content == here.messages[-1].content
     assert "Paris" in there.messages[-1].content
     info = worker.info
-    assert info.model == "smollm2-135m" and info.quant == "nf4" and info.speculators == ["smollm2-feature", "smollm2-boost-1", "ngram"] and info.pid > 0
+    assert info.model == "smollm2-135m" and info.quant == "nf4" and info.speculators == ["smollm2-feature", "ngram"] and info.pid > 0
 
 
 def test_a_failed_turn_keeps_the_worker(worker):

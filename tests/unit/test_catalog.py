@@ -16,7 +16,7 @@ from spectui.engine import (
     CacheEntryError, ModelSpecError, cache_entries, choose_speculators, model_choices, preset_rows, remove_cache_entry,
     speculator_choices,
 )
-from spectui.engine.presets import PRESETS
+from spectui.engine.presets import BUNDLED, PRESETS, resolve_ssm
 
 
 def write(path, size: int):
@@ -88,18 +88,26 @@ def test_the_model_picker_lists_what_spectui_models_lists(cache):
 
 
 def test_speculator_choices_and_what_each_loads(tmp_path):
-    """The preset's own SSMs first, n-gram alone, none, then the shipped SSMs (the hub ones are not cached
-    here); each choice is a preset that choose_speculators makes, ready for load_engine."""
+    """The preset's own SSMs first, n-gram alone, none, then the shipped SSMs, the ones it drafts with
+    and its extra ones (the hub ones are not cached here); each choice is a preset that choose_speculators
+    makes, ready for load_engine."""
     smol, llama = PRESETS["smollm2-135m"], PRESETS["llama-7b"]
+    shipped = [*smol.ssms, *smol.extra_ssms]
+    assert len(shipped) == 2 and all(s.startswith(BUNDLED) for s in shipped)
     choices = [choice for choice, _ in speculator_choices("smollm2-135m", tmp_path)]
-    assert choices == ["default", "ngram", "none", *smol.ssms]
-    assert [c for c, _ in speculator_choices("llama-7b", tmp_path)] == ["default", "ngram", "none", *smol.ssms]
-    assert [c for c, _ in speculator_choices(str(tmp_path), tmp_path)] == ["ngram", "none", *smol.ssms]  # a folder: no preset
+    assert choices == ["default", "ngram", "none", *shipped]
+    assert "smollm2-boost-1" not in dict(speculator_choices("smollm2-135m", tmp_path))["default"]  # extra: not drafted by default
+    assert [c for c, _ in speculator_choices("llama-7b", tmp_path)] == ["default", "ngram", "none", *shipped]
+    assert [c for c, _ in speculator_choices(str(tmp_path), tmp_path)] == ["ngram", "none", *shipped]  # a folder: no preset
     assert "vocabulary" in dict(speculator_choices("llama-7b", tmp_path))[smol.ssms[0]]  # another preset's SSM
+    assert "vocabulary" not in dict(speculator_choices("smollm2-135m", tmp_path))[smol.extra_ssms[0]]  # its own extra one
     assert choose_speculators(llama) is llama
     assert (choose_speculators(llama, "ngram").ssms, choose_speculators(llama, "ngram").ngram) == ((), True)
     assert (choose_speculators(llama, "none").ssms, choose_speculators(llama, "none").ngram) == ((), False)
-    assert choose_speculators(llama, smol.ssms[1]).ssms == (smol.ssms[1],)
+    assert choose_speculators(llama, smol.extra_ssms[0]).ssms == (smol.extra_ssms[0],)
+    assert resolve_ssm(smol.extra_ssms[0]) == smol.extra_ssms[0]  # --ssm bundled:NAME
+    with pytest.raises(ModelSpecError, match="spectui ships bundled:smollm2-boost-1, bundled:smollm2-feature"):
+        resolve_ssm("bundled:smollm2-boost-2")  # a retired one: one clear line
     assert choose_speculators(llama, "JackFram/llama-68m").ssms == ("JackFram/llama-68m",)
     with pytest.raises(ModelSpecError, match="no such file or folder"):
         choose_speculators(llama, str(tmp_path / "missing"))
