@@ -17,7 +17,8 @@ is given by its caller (`models_dir`: the model cache; `cost_cache`: measured st
 Run       RunSpec: what to load (model, ssms, speculators, quant, device) and how to generate
           (GenerationSettings); the one record the CLI, the app's config, the engine process and bench share.
 Load      load_engine(run, progress, cost_cache, models_dir) -> (LoadedModels,
-          SpeculativeEngine); load_models (the models without an engine); resolve_model / resolve_ssm
+          SpeculativeEngine); load_models (the models without an engine); load_ssm (one more speculator
+          beside a loaded verifier: bench's assistant); resolve_model / resolve_ssm
           (--model / --ssm values, checked before loading); preset_rows(models_dir), cache_entries(models_dir)
           and remove_cache_entry(models_dir, name) (`spectui models`); model_choices(models_dir) and
           speculator_choices(model, models_dir) (the app's model picker), choose_speculators (a preset with
@@ -36,7 +37,7 @@ Files     private_dir, write_private: folders 0700, atomic 0600 files (the engin
           read_prompt_file: a prompts file (JSONL or one a line) as [(prompt, category)], the one
           reader of bench, tune and tune-eval.
 
-Importing this package is cheap: the names that need torch (load_engine, load_models, LoadedModels,
+Importing this package is cheap: the names that need torch (load_engine, load_models, load_ssm, LoadedModels,
 ModelLoadError, QUANTS, check_quant, pick_device, SpeculativeEngine, AttentionBackendError) load on first use.
 """
 
@@ -52,7 +53,7 @@ from .settings import DEFAULT_MERGE, DEFAULT_TREE, GenerationSettings, RunSpec, 
 from .worker import EngineDied, EngineWorker, LoadRequest, WorkerError, engine_threads, prepare_engine_process
 
 _LAZY = {  # module -> the names it gives; these modules import torch, so they load on first use (PEP 562)
-    ".loading": ("LoadedModels", "ModelLoadError", "QUANTS", "check_quant", "load_engine", "load_models", "pick_device"),
+    ".loading": ("LoadedModels", "ModelLoadError", "QUANTS", "check_quant", "load_engine", "load_models", "load_ssm", "pick_device"),
     ".speculative": ("SpeculativeEngine",),
     "..kernels": ("AttentionBackendError",),
 }

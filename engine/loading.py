@@ -325,18 +325,23 @@ def load_models(
                               quantized_dir=Path(models_dir) / QUANTIZED_DIR if models_dir else None)
     if hasattr(verifier, "spectui_4bit"):
         note(f"4-bit layers: {verifier.spectui_4bit}", None)
-    ssms = []
-    for source in (*preset.ssms, *extra_ssms):
-        ssm_folder = locate(source, models_dir, progress)
-        name = source_name(source)
-        note(f"loading SSM {name}", None)
-        if is_feature_head(ssm_folder):
-            ssms.append((name, load_feature_head(name, ssm_folder, verifier, device)))
-            continue
-        ssm = load_drafter(ssm_folder, device)
-        check_vocabulary(name, ssm, ssm_folder, verifier, tokenizer)
-        ssms.append((name, ssm))
+    ssms = [load_ssm(source, verifier, tokenizer, device, models_dir, progress) for source in (*preset.ssms, *extra_ssms)]
     return LoadedModels(preset, verifier, tokenizer, ssms, device, quant, backend)
+
+
+def load_ssm(source: str, verifier, tokenizer, device: str, models_dir: Path | None = None,
+             progress: Progress | None = None) -> tuple[str, object]:
+    """One speculator beside a loaded verifier -> (name, model): a feature head, or an SSM checked to
+    share the verifier's vocabulary."""
+    folder = locate(source, models_dir, progress)
+    name = source_name(source)
+    if progress is not None:
+        progress(f"loading SSM {name}", None)
+    if is_feature_head(folder):
+        return name, load_feature_head(name, folder, verifier, device)
+    ssm = load_drafter(folder, device)
+    check_vocabulary(name, ssm, folder, verifier, tokenizer)
+    return name, ssm
 
 
 def load_engine(run: RunSpec, progress: Progress | None = None, cost_cache: Path | None = None,

@@ -8,7 +8,9 @@ Methods (same verifier, same prompts, same max new tokens; ids as in the JSON re
     hf-generate        transformers' generate(do_sample=False)
     hf-prompt-lookup   transformers' generate with prompt_lookup_num_tokens=10
     hf-assisted        transformers' assisted generation, assistant_model = the biggest SSM of the
-                       preset (most parameters; only when there is one), with its dynamic draft
+                       preset (most parameters; a feature head is none), else of its extra SSMs
+                       (Preset.extra_ssms: made for the verifier, not drafted by default), loaded
+                       beside the engine for this row only; only when there is one; with its dynamic draft
                        length switched on as far as transformers 5 allows: on the assistant's
                        generation_config, num_assistant_tokens_schedule="heuristic" (+2 draft
                        tokens after a fully accepted draft, -1 otherwise; carried over between
@@ -18,7 +20,9 @@ Methods (same verifier, same prompts, same max new tokens; ids as in the JSON re
     speculative-fixed  ours, the fixed tree (1,1,1): the default before the adaptive tree
     speculative        ours, the --tree value (default: the engine's default, "auto"), union merge
     speculative-pipelined  the same, with the SSM drafting ahead while the verifier runs
-                       (engine/pipeline.py; only with SSMs): off by default unless this row wins
+                       (engine/pipeline.py): off by default unless this row wins; only when a
+                       speculator can draft ahead (an SSM: a feature head needs the verifier's features
+                       of the branch), else the report's `not_run` says why
     speculative-vote   the same tree merged by vote, when --merge is vote or both
 
 Protocol, so that noise hits every method alike:
@@ -59,14 +63,22 @@ def merge_policies(choice: str) -> tuple[str, ...]:
     return ("union", "vote") if choice == "both" else (choice,)
 
 
-def bench_methods(has_assistant: bool, policies: tuple[str, ...]) -> tuple[str, ...]:
-    """The method ids in report order: baselines, then ours with speculation."""
+def bench_methods(has_assistant: bool, can_prefetch: bool, policies: tuple[str, ...]) -> tuple[str, ...]:
+    """The method ids in report order: baselines, then ours with speculation. has_assistant: an SSM for
+    hf-assisted; can_prefetch: a speculator that can draft ahead (engine/pipeline.py)."""
     methods = [INCREMENTAL, "hf-generate", "hf-prompt-lookup"]
     methods += ["hf-assisted"] if has_assistant else []
     methods += ["speculative-fixed", DEFAULT_SPEC]
-    methods += ["speculative-pipelined"] if has_assistant else []  # has_assistant: the preset has SSMs
+    methods += ["speculative-pipelined"] if can_prefetch else []
     methods += ["speculative-vote"] if "vote" in policies else []
     return tuple(methods)
+
+
+def not_run(methods: tuple[str, ...]) -> dict[str, str]:
+    """Why a method of the full set is missing from this bench (the report's `not_run`)."""
+    why = {"hf-assisted": "no SSM that transformers can take as its assistant (a feature head is not one)",
+           "speculative-pipelined": "no speculator that can draft ahead (a feature head needs the verifier's features of the branch)"}
+    return {method: reason for method, reason in why.items() if method not in methods}
 
 
 def rotation(methods: tuple[str, ...], k: int) -> tuple[str, ...]:
@@ -128,11 +140,16 @@ def read_prompts(path: Path, limit: int | None, per_category: int | None = None)
     return prompts[:limit] if limit else prompts
 
 
+def causal_lms(ssms: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    return [pair for pair in ssms if hasattr(pair[1], "num_parameters")]
+
+
 class Bench:
     """Runs one method on one prompt and times it."""
 
-    def __init__(self, models, engine, run_settings: GenerationSettings):
-        """run_settings: the RunSpec's; every method runs greedy with its max_new_tokens, ours with its tree."""
+    def __init__(self, models, engine, run_settings: GenerationSettings, models_dir=None):
+        """run_settings: the RunSpec's; every method runs greedy with its max_new_tokens, ours with its tree.
+        models_dir: the model cache, where the preset's extra SSMs are found for hf-assisted."""
         self.models, self.engine = models, engine
         tree, max_new_tokens = run_settings.tree_shape, run_settings.max_new_tokens
         base = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
@@ -145,7 +162,12 @@ class Bench:
         }
         self.max_new_tokens = max_new_tokens
         self.stop_ids = models.stop_token_ids()
-        causal = [pair for pair in models.ssms if hasattr(pair[1], "num_parameters")]  # assisted generation takes an LM, not a feature head
+        causal = causal_lms(models.ssms)  # assisted generation takes an LM, not a feature head
+        if not causal:  # the preset drafts with none: an SSM made for its verifier, for this peer only
+            from .engine import load_ssm
+
+            extra = [load_ssm(s, models.verifier, models.tokenizer, models.device, models_dir) for s in models.preset.extra_ssms]
+            causal = causal_lms(extra)
         named = max(causal, key=lambda pair: pair[1].num_parameters(), default=None)
         self.assistant_name, self.assistant = named if named else (None, None)
         if self.assistant is not None:  # transformers reads these from the assistant's own config
@@ -210,15 +232,15 @@ def measure_prompt(bench: Bench, methods: tuple[str, ...], k: int, prompt: str) 
 
 def run_bench(
     models, engine, prompts: list[str], run_settings: GenerationSettings, progress=None, merge: str = "both",
-    threads: int | None = None,
+    threads: int | None = None, models_dir=None,
 ) -> dict:
     """Warm up, measure every prompt, return the report (its keys: bench_report.py's docstring).
     run_settings: the RunSpec's (max_new_tokens, and the tree of the speculative rows)."""
     policies = merge_policies(merge)
     threads = set_threads(threads)
-    bench = Bench(models, engine, run_settings)
+    bench = Bench(models, engine, run_settings, models_dir)
     max_new_tokens, tree = run_settings.max_new_tokens, run_settings.tree_shape
-    methods = bench_methods(bench.assistant is not None, policies)
+    methods = bench_methods(bench.assistant is not None, any(hasattr(d, "prefetch") for d in engine.drafters), policies)
     warm = bench.prompt_ids("Hello")
     for method in methods:  # first calls pay for allocation, lazy initialisation and cost measurement
         bench.run(method, warm)
@@ -242,6 +264,7 @@ def run_bench(
         "fixed_tree": tree_text(FIXED_TREE),
         "merge": list(policies),
         "hf_assistant": bench.assistant_name,
+        "not_run": not_run(methods),
         "order": "rotated",
         "rerun_below": RERUN_BELOW,
         "rerun_total": RERUN_TOTAL,

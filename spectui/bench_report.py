@@ -16,7 +16,8 @@ The JSON report (run_bench in bench.py):
     model, ssms, speculators, quant, device, attention_backend, linear4bit (the verifier's 4-bit
     path: spectui's AVX2 kernel or bitsandbytes', or null), threads (torch threads, every
     method), prompts, max_new_tokens, tree (the speculative rows' --tree), fixed_tree,
-    merge (policies run), hf_assistant (SSM name or null), order ("rotated"), rerun_below,
+    merge (policies run), hf_assistant (SSM name or null), not_run ({method: why} for the
+    assisted and pipelined rows when they could not run here), order ("rotated"), rerun_below,
     rerun_total, cost_model and calibration (the engine's, or null);
     methods: {id: {tokens_per_s, new_tokens; ours: mean_accepted (tokens per verifier step,
         prefill included), ttft_ms (mean), decode_tokens_per_s (tokens after the first over the
@@ -225,6 +226,9 @@ def format_table(report: dict) -> str:
     ]
     if report.get("linear4bit"):
         rows.append(f"4-bit layers: {report['linear4bit']}")
+    if report.get("hf_assistant"):
+        rows.append(f"hf-assisted: assistant_model {report['hf_assistant']}")
+    rows += [f"{method}: not run: {why}" for method, why in (report.get("not_run") or {}).items()]
     for name, m in report["methods"].items():
         if "geomean_speedup_vs_incremental" not in m:
             continue

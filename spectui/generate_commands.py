@@ -246,7 +246,8 @@ def bench(
         def progress(done, total):
             typer.echo(f"bench: {done}/{total} prompts", err=True)
 
-        report = run_bench(loaded, engine, texts, run.settings, progress, merge=merge, threads=threads)
+        report = run_bench(loaded, engine, texts, run.settings, progress, merge=merge, threads=threads,
+                           models_dir=paths.models_dir())
         typer.echo(format_table(report), err=json_out == "-")
         if json_out == "-":
             typer.echo(json.dumps(report, indent=2))

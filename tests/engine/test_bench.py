@@ -19,9 +19,11 @@ import torch
 from spectui.bench import (
     RERUN_BELOW,
     RERUN_TOTAL,
+    Bench,
     Prompt,
     bench_methods,
     merge_policies,
+    not_run,
     read_prompts,
     reruns_needed,
     rotation,
@@ -61,10 +63,31 @@ def test_methods_depend_on_assistant_and_merge():
     with pytest.raises(ValueError, match="union, vote or both"):
         merge_policies("intersection")
     base = ("incremental", "hf-generate", "hf-prompt-lookup", "speculative-fixed", "speculative")
-    assert bench_methods(False, ("union",)) == base
-    with_all = bench_methods(True, ("union", "vote"))
+    assert bench_methods(False, False, ("union",)) == base
+    with_all = bench_methods(True, True, ("union", "vote"))
     assert "hf-assisted" in with_all and with_all[-1] == "speculative-vote"
     assert "speculative-pipelined" in with_all and "speculative-pipelined" not in base  # only with SSMs
+    assisted_only = bench_methods(True, False, ("union",))  # a feature head drafts, an extra SSM assists
+    assert "hf-assisted" in assisted_only and "speculative-pipelined" not in assisted_only
+    assert set(not_run(assisted_only)) == {"speculative-pipelined"} and set(not_run(base)) == {"hf-assisted", "speculative-pipelined"}
+    assert not_run(with_all) == {}
+
+
+def test_assistant_comes_from_the_presets_extra_ssms(tiny_dirs):
+    """A preset that drafts with no SSM transformers can take (the embedded default drafts with a feature
+    head) lends hf-assisted one of its extra SSMs, the biggest; the engine itself does not draft with it."""
+    from spectui.engine.loading import build_engine, load_models
+    from spectui.engine.presets import Preset
+
+    preset = Preset(name="t", verifier=str(tiny_dirs["verifier"]), extra_ssms=(str(tiny_dirs["ssm68"]),))
+    models = load_models(preset, quant="none", device="cpu")
+    engine = build_engine(models)
+    assert models.ssms == [] and engine.speculator_names == ["ngram"]
+    bench = Bench(models, engine, GenerationSettings(max_new_tokens=2))
+    assert bench.assistant_name == "ssm68" and bench.assistant.num_parameters() > 0
+    assert engine.speculator_names == ["ngram"]  # lent to the peer only
+    assert Bench(load_models(Preset(name="u", verifier=str(tiny_dirs["verifier"])), quant="none", device="cpu"),
+                 engine, GenerationSettings(max_new_tokens=2)).assistant is None
 
 
 def test_rerun_rule_and_median_of_ratios():
@@ -223,6 +246,8 @@ def test_cli_bench_writes_report(chat_verifier, tmp_path, torch_threads):
     assert row["methods"]["speculative"]["identical"] is True and row["reruns"] in (0, RERUN_TOTAL - 1)
     assert all(cell["new_tokens"] == 4 for cell in row["methods"].values())
     assert "speculative" in result.stdout and "vs incremental" in result.stdout  # the table
+    assert set(report["not_run"]) == {"hf-assisted", "speculative-pipelined"}  # a model alone: no SSM to assist or run ahead
+    assert "speculative-pipelined: not run: no speculator that can draft ahead" in result.stdout
     assert "per_prompt" not in format_table(report)
 
 
