@@ -82,9 +82,9 @@ def speculator_choices(model: str, models_dir: Path) -> list[tuple[str, str]]:
         choices.append(("default", f"the preset's: {', '.join(own)}"))
     choices += [("ngram", "n-gram drafter only (prompt lookup)"), ("none", "none: one token a step, no speculation")]
     owners = sorted(PRESETS.values(), key=lambda p: p is not preset)  # this preset's SSMs first
-    for source in dict.fromkeys(source for owner in owners for source in (*owner.ssms, *owner.extra_ssms)):
+    for source in dict.fromkeys(source for owner in owners for source in owner.made_for):
         if cache_problem(source, models_dir) is None:
-            fits = "" if preset is not None and source in (*preset.ssms, *preset.extra_ssms) else " (it must share this model's vocabulary)"
+            fits = "" if preset is not None and source in preset.made_for else " (it must share this model's vocabulary)"
             choices.append((source, f"{describe_ssm(source)} + n-gram{fits}"))
     return choices
 

@@ -30,7 +30,7 @@ from .cache_health import (  # noqa: F401 (part of this module's API)
     discard_entry, entry_problem, hub_cache, hub_cache_problem, in_model_cache, mark_entry,
 )
 from .feature_head import FeatureHead, is_feature_head
-from .presets import BUNDLED, EMBEDDED, Preset, hub_revision
+from .presets import BUNDLED, EMBEDDED, Preset, hub_revision, shipped_dir
 from .settings import RunSpec
 from .quantization import FOLDER as QUANTIZED_DIR, keep_fp32_compute, load_quantized, quant_config
 
@@ -166,9 +166,7 @@ def locate(source: str, models_dir: Path | None = None, progress: Progress | Non
 
 def bundled_folder(source: str) -> Path:
     """'bundled:NAME' -> the SSM folder shipped in the package (the repository's ssms/NAME)."""
-    from importlib.resources import files
-
-    folder = Path(str(files("spectui.ssms"))) / source.removeprefix(BUNDLED)
+    folder = shipped_dir() / source.removeprefix(BUNDLED)
     if not (folder / "config.json").exists() and not is_feature_head(folder):
         raise ModelLoadError(f"the bundled SSM {folder.name} is missing from this installation ({folder})")
     return folder

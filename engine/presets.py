@@ -30,6 +30,11 @@ class Preset:
     chat_template: str | None = None  # used when the tokenizer has none
     description: str = ""
 
+    @property
+    def made_for(self) -> tuple[str, ...]:
+        """Every SSM made for its verifier: those it drafts with, then its extra ones."""
+        return (*self.ssms, *self.extra_ssms)
+
 
 PRESETS: dict[str, Preset] = {
     "smollm2-135m": Preset(
@@ -115,11 +120,16 @@ def resolve_ssm(spec: str) -> str:
     raise ModelSpecError(f"unknown SSM {spec!r}: give a hub id (org/name) or a model folder")
 
 
-def shipped_ssms() -> list[str]:
-    """Names of the SSM folders shipped in ssms/ (bundled:NAME)."""
+def shipped_dir() -> Path:
+    """The folder of the SSMs shipped inside the package (the repository's ssms/; bundled:NAME is NAME there)."""
     from importlib.resources import files
 
-    return sorted(p.name for p in Path(str(files("spectui.ssms"))).iterdir()
+    return Path(str(files("spectui.ssms")))
+
+
+def shipped_ssms() -> list[str]:
+    """Names of the SSM folders shipped in ssms/ (bundled:NAME)."""
+    return sorted(p.name for p in shipped_dir().iterdir()
                   if p.is_dir() and ((p / "config.json").exists() or (p / "feature_head.json").exists()))
 
 

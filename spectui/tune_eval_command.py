@@ -55,7 +55,7 @@ def tune_eval(
         except PromptFileError as exc:
             raise UsageFailure(str(exc)) from None
         preset = resolve_model(model)
-        sources = [resolve_ssm(s) for s in ssm] if ssm else [*preset.ssms, *preset.extra_ssms]  # every SSM made for it
+        sources = [resolve_ssm(s) for s in ssm] if ssm else list(preset.made_for)
         if not sources:
             raise UsageFailure(f"{preset.name} has no SSMs: name some with --ssm")
         models = load_models(replace(preset, ssms=tuple(sources)), quant=quant, device=device, models_dir=paths.models_dir())

@@ -16,7 +16,7 @@ SSMS = Path(__file__).resolve().parents[2] / "ssms"
 
 def test_shipped_ssms_fit_the_budget():
     preset = PRESETS["smollm2-135m"]
-    named = [s.removeprefix(BUNDLED) for s in (*preset.ssms, *preset.extra_ssms)]
+    named = [s.removeprefix(BUNDLED) for s in preset.made_for]
     assert sorted(named) == shipped_ssms()  # every folder in ssms/ is one the preset drafts with or offers
     folders = [SSMS / name for name in named]
     assert len(folders) >= 2
@@ -33,14 +33,18 @@ def test_shipped_ssms_fit_the_budget():
     assert "spectui tune" in (SSMS / "README.md").read_text()  # how they were made
 
 
-def test_the_preset_loads_them_and_stays_lossless(embedded_dir):
+def test_the_preset_loads_them_and_stays_lossless(embedded_models):
+    from dataclasses import replace
+
     from spectui import paths
-    from spectui.engine.loading import load_models
+    from spectui.engine.loading import load_ssm
 
     preset = PRESETS["smollm2-135m"]
-    models = load_models(preset, extra_ssms=preset.extra_ssms, quant="nf4", device="cpu", models_dir=paths.models_dir())
+    assert [name for name, _ in embedded_models.ssms] == [s.removeprefix(BUNDLED) for s in preset.ssms]
+    extra = [load_ssm(s, embedded_models.verifier, embedded_models.tokenizer, "cpu", paths.models_dir()) for s in preset.extra_ssms]
+    models = replace(embedded_models, ssms=[*embedded_models.ssms, *extra])  # the same verifier, every shipped SSM drafting
     names = [name for name, _ in models.ssms]
-    assert names == [s.removeprefix(BUNDLED) for s in (*preset.ssms, *preset.extra_ssms)]
+    assert names == [s.removeprefix(BUNDLED) for s in preset.made_for]
     engine = build_engine(models)
     assert engine.speculator_names == [*names, "ngram"]
     for prompt in ("What is the capital of France?", "Give me three tips for staying focused."):

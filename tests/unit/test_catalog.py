@@ -92,7 +92,7 @@ def test_speculator_choices_and_what_each_loads(tmp_path):
     and its extra ones (the hub ones are not cached here); each choice is a preset that choose_speculators
     makes, ready for load_engine."""
     smol, llama = PRESETS["smollm2-135m"], PRESETS["llama-7b"]
-    shipped = [*smol.ssms, *smol.extra_ssms]
+    shipped = list(smol.made_for)
     assert len(shipped) == 2 and all(s.startswith(BUNDLED) for s in shipped)
     choices = [choice for choice, _ in speculator_choices("smollm2-135m", tmp_path)]
     assert choices == ["default", "ngram", "none", *shipped]
