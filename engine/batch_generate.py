@@ -14,7 +14,7 @@ Each prompt is prefilled alone (LeanModel.prefill_left_padded: a batched prefill
 the padding, most of the time when one prompt is long) into its row of the batch cache. Each step
 feeds every sequence's newest token at position last + 1. A sequence that has emitted a stop token
 is finished: its answer ends there (stop token included). Greedy picks the argmax; sampling draws
-from engine/accept.py's target_probs (temperature, then top-p), one multinomial draw per row.
+one token a row from the nucleus distribution (temperature, then top-p: engine/sample_rows.py).
 
 Two things keep a step from paying for rows that do no work:
 
@@ -47,7 +47,7 @@ from typing import Callable
 
 import torch
 
-from .accept import target_probs
+from .sample_rows import sample_rows
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def decode_group(runner, prompts, max_new_tokens, stops, greedy, temperature, to
         if greedy:
             tokens = logits.argmax(-1)  # [rows]
         else:
-            tokens = torch.multinomial(target_probs(logits, temperature, top_p), 1, generator=generator)[:, 0]
+            tokens = sample_rows(logits, temperature, top_p, generator)  # [rows]
         for b, token in zip(live, tokens.tolist()):
             if not finished[b]:
                 answers[b].append(token)

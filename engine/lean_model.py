@@ -324,14 +324,20 @@ class LeanModel:
 
         A batched prefill computes attention over the padding too ([B, W, W] per head: most of a
         batch's time when one prompt is long); alone, each prompt costs its own length and takes the
-        causal path (no mask, blocks of queries). Prompt b's key/values land in columns
+        causal path (no mask, blocks of queries); a prompt met again takes the first one's key/values
+        and logits (without every_row). Prompt b's key/values land in columns
         [W - len_b, W) of the batch cache at positions 0 .. len_b - 1, where a left-padded batch puts
         them; padding columns hold zeros that the caller masks. Returns the logits after each prompt,
         [B, V]. every_row(b, logits [len_b, V], hidden [len_b, H]): called with every row of prompt b
         (hidden: `keep_hidden` must be set), for feature data (batch_generate.py)."""
         B, W = len(prompts), max(map(len, prompts))
-        rows, batch = [], None
+        rows, batch, seen = [], None, {}
         for b, prompt in enumerate(prompts):
+            first = seen.setdefault(tuple(prompt), b) if every_row is None else b
+            if first != b:  # the same prompt again (a Magpie round's): its rows are the first one's, bit for bit
+                batch[:, :, b] = batch[:, :, first]
+                rows.append(rows[first])
+                continue
             self.reset()
             if every_row is None:
                 rows.append(self.forward_chain(list(prompt), last_only=True))  # [1, V]

@@ -43,6 +43,28 @@ def test_greedy_batches_give_transformers_answers(tiny_dirs):
     assert alone == ours  # a prompt's answer does not depend on its batch
 
 
+def test_a_repeated_prompt_is_prefilled_once_with_the_same_rows(tiny_dirs):
+    """A Magpie round sends one prompt many times: prefill_left_padded runs it once and copies its
+    key/values and logits, which are what prefilling it again gives, bit for bit."""
+    model = tiny_verifier(tiny_dirs)
+    p = prompts()
+    batch = [p[1], p[0], p[1], p[1], p[3], p[0]]
+    runner = LeanModel(model)
+    calls = []
+    forward = runner.forward_chain
+    runner.forward_chain = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    logits = runner.prefill_left_padded(batch)  # [6, V]
+    assert len(calls) == 3  # three different prompts
+    shared, W = runner.kv.clone(), max(map(len, batch))
+    alone = LeanModel(model)
+    for b, prompt in enumerate(batch):
+        alone.reset()
+        assert torch.equal(alone.forward_chain(prompt, last_only=True)[0], logits[b])
+        assert torch.equal(alone.kv[:, :, 0, :, : len(prompt)], shared[:, :, b, :, W - len(prompt) : W])
+    answers = generate_batch(runner, batch, Settings.max_answer_tokens, [0])
+    assert answers == [generate_batch(LeanModel(model), [q], Settings.max_answer_tokens, [0])[0] for q in batch]
+
+
 def test_an_answer_ends_at_its_stop_token(tiny_dirs):
     model = tiny_verifier(tiny_dirs)
     runner = LeanModel(model)
