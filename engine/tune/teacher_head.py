@@ -23,11 +23,14 @@ answers, the same top-4 ids everywhere, log-probabilities within 0.06 (mean abou
 tests/engine/test_teacher_head.py checks the same on the embedded verifier.
 
 Without AVX512-BF16 (the AVX2 kind) torch's bf16 product is emulated and slower than fp32's: 98
-ms for 32 rows against 25 ms for W x^T in fp32 (2-core AMD EPYC, Zen 3), whose every logit is an
-fp32 dot product with the exact weights (another summation order than the canonical one-token
-product: they agree to about 1e-5), so there TeacherHead takes that product alone: a shard of 32
-answers 83 -> 60 s (4,344 answer tokens both times; tests/engine/test_teacher_head.py checks
-that batched answers are unchanged).
+ms for 32 rows against 25 ms for W x^T in fp32 (2-core AMD EPYC, Zen 3). There the fast product is
+the int8 one that drafters' output layers use (kernels/dense_cpu.py Int8Kernel, kernels/screen_int8.c:
+vpmaddwd over int8 weights with a per-row scale, the input in two int8 levels), whose error is about
+twice bf16's (screen_int8.py's bound): 29 rows 43.8 -> 14.0 ms, 256 rows 250 -> 172 ms, 4 of every
+37 s of a greedy shard (/work/exp/k51, 2-core AMD EPYC, Zen 3). Its top C are redone in fp32 as above.
+Where neither applies (no C kernels), W x^T in fp32 alone: every logit an fp32 dot product with the
+exact weights (another summation order than the canonical one-token product: they agree to about
+1e-5).
 
 Training data only: a verifier that decodes for a user keeps its own output layer.
 """
@@ -36,17 +39,31 @@ from __future__ import annotations
 
 import torch
 
+from ...kernels import screen_int8
+from ...kernels.dense_cpu import Int8Kernel
+
 CANDIDATES = 16  # fast logits recomputed in fp32 per row
 
 
-class TeacherHead:
-    """hidden [n, H] -> logits [n, V] fp32, from the verifier's output weight [V, H] (see above); bf16:
-    the bf16 product and its repair (default: where the CPU has AVX512-BF16), else fp32's alone."""
+def default_product() -> str:
+    """bf16 where the CPU multiplies bf16 natively, else int8 where screen_int8.c builds, else fp32."""
+    if torch.cpu._is_avx512_bf16_supported():
+        return "bf16"
+    return "int8" if screen_int8.available() else "fp32"
 
-    def __init__(self, weight: torch.Tensor, candidates: int = CANDIDATES, bf16: bool | None = None) -> None:
+
+class TeacherHead:
+    """hidden [n, H] -> logits [n, V] fp32, from the verifier's output weight [V, H] (see above). product:
+    "bf16" or "int8" (a fast product whose top C are redone in fp32) or "fp32" (W x^T alone); default
+    default_product()."""
+
+    def __init__(self, weight: torch.Tensor, candidates: int = CANDIDATES, product: str | None = None) -> None:
         self.weight = weight.detach().float()  # [V, H]: the same storage when the weight is fp32
-        bf16 = torch.cpu._is_avx512_bf16_supported() if bf16 is None else bf16
-        self.fast = weight.detach().to(torch.bfloat16).contiguous() if bf16 else None  # [V, H]
+        self.product = product or default_product()
+        if self.product == "int8" and not screen_int8.fits(self.weight.shape[1]):
+            self.product = "fp32"
+        self.fast = {"bf16": lambda: weight.detach().to(torch.bfloat16).contiguous(),  # [V, H]
+                     "int8": lambda: Int8Kernel(self.weight)}.get(self.product, lambda: None)()
         self.candidates = candidates
 
     @torch.inference_mode()
@@ -54,7 +71,10 @@ class TeacherHead:
         x = hidden.reshape(-1, hidden.shape[-1]).float()  # [n, H]
         if self.fast is None:
             return (self.weight @ x.T).T.contiguous().view(*hidden.shape[:-1], -1)  # [V, n] -> [n, V]
-        logits = (x.to(torch.bfloat16) @ self.fast.T).float()  # [n, V]
+        if self.product == "bf16":
+            logits = (x.to(torch.bfloat16) @ self.fast.T).float()  # [n, V]
+        else:
+            logits = self.fast(x.contiguous())  # [n, V] fp32, within the int8 screen's bound
         top = logits.topk(self.candidates, dim=-1).indices  # [n, C]
         exact = torch.bmm(self.weight[top], x[:, :, None])[:, :, 0]  # [n, C, H] @ [n, H, 1] -> [n, C]
         return logits.scatter_(1, top, exact).view(*hidden.shape[:-1], -1)

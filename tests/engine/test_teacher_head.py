@@ -1,8 +1,8 @@
 """TeacherHead (engine/tune/teacher_head.py): training data's output layer keeps the verifier's top tokens.
 
 Feature data keeps the verifier's top-4 next tokens and their log-probabilities at every position,
-and greedy answers follow its argmax. TeacherHead computes the logits from bf16 products and redoes
-the largest in fp32; on the embedded verifier's real rows it must give the same top-4 tokens, the
+and greedy answers follow its argmax. TeacherHead computes the logits from bf16 or int8 products and
+redoes the largest in fp32; on the embedded verifier's real rows it must give the same top-4 tokens, the
 same argmax and log-probabilities within a few hundredths, and leave batched answers unchanged.
 """
 
@@ -16,6 +16,7 @@ from spectui.engine.tune.data import answer_batch, prompt_ids
 from spectui.engine.tune.features import FeatureRows
 from spectui.engine.tune.teacher import top_rows
 from spectui.engine.tune.teacher_head import TeacherHead, use_teacher_head
+from spectui.kernels import screen_int8
 
 TEXTS = [
     "Summarise the plot of a heist film in three sentences, then name its weakest scene.",
@@ -35,8 +36,10 @@ def rendered(models) -> list[list[int]]:
     return [prompt_ids(models.tokenizer, t, models.context_window, Settings.max_answer_tokens, None) for t in TEXTS]
 
 
-@pytest.mark.parametrize("bf16", [True, False])
-def test_top_tokens_and_log_probs_match_the_verifiers(embedded_models, bf16):
+@pytest.mark.parametrize("product", ["bf16", "int8", "fp32"])
+def test_top_tokens_and_log_probs_match_the_verifiers(embedded_models, product):
+    if product == "int8" and not screen_int8.available():
+        pytest.skip("kernels/screen_int8.c did not build here")
     runner = LeanModel(embedded_models.verifier)
     runner.keep_hidden = True
     hidden = []
@@ -46,7 +49,8 @@ def test_top_tokens_and_log_probs_match_the_verifiers(embedded_models, bf16):
         hidden.append(runner.hidden[0].clone())
     x = torch.cat(hidden)  # [n, H]: every row of four real prompts
     reference = runner.head(x).float()  # [n, V]: the verifier's own output layer
-    head = TeacherHead(runner.head.weight, bf16=bf16)
+    head = TeacherHead(runner.head.weight, product=product)
+    assert head.product == product
     logits = head(x)
     ref_ids, ref_logp = top_rows(reference, 4)
     ids, logp = top_rows(logits, 4)
@@ -59,8 +63,8 @@ def test_top_tokens_and_log_probs_match_the_verifiers(embedded_models, bf16):
     top = logits.topk(4, dim=-1).indices  # [n, 4]
     torch.testing.assert_close(logits.gather(1, top), reference.gather(1, top), rtol=0, atol=1e-4)
     tail = (logits - reference).abs().max()
-    if bf16:
-        assert 1e-4 < tail < 0.5  # bf16 products elsewhere: not the fp32 logits, but close
+    if product != "fp32":
+        assert 1e-4 < tail < {"bf16": 0.5, "int8": 1.0}[product], tail  # fast products elsewhere: close
     else:
         assert tail < 1e-4  # W x^T in fp32 everywhere: the fp32 logits but for the summation order
 
