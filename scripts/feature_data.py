@@ -119,7 +119,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     models = load_models(resolve_model("smollm2-135m"), models_dir=paths.models_dir())
-    runner = use_teacher_head(LeanModel(models.verifier))  # bf16 output products, the top redone in fp32
+    runner = use_teacher_head(LeanModel(models.verifier))  # bf16 or int8 output products, the top redone in fp32
     args.out.mkdir(parents=True, exist_ok=True)
     magpie = MagpiePrompts(args.out / "prompts.jsonl", models, runner, args.seed) if args.magpie else None
     prompts = magpie if magpie is not None else balanced_prompts(PROMPTS, args.seed, args.max_chars)[args.skip :]
