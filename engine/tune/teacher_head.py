@@ -1,4 +1,4 @@
-"""The verifier's output layer for making training data: a bf16 product, its top logits redone in fp32.
+"""The verifier's output layer for making training data: a bf16 or int8 product, its top redone in fp32.
 
 Feature data (engine/tune/features.py) keeps, at every position, the verifier's top-4 next tokens
 and their log-probabilities, so every row of every prompt and answer needs the full [V] logits.
@@ -26,8 +26,10 @@ Without AVX512-BF16 (the AVX2 kind) torch's bf16 product is emulated and slower 
 ms for 32 rows against 25 ms for W x^T in fp32 (2-core AMD EPYC, Zen 3). There the fast product is
 the int8 one that drafters' output layers use (kernels/dense_cpu.py Int8Kernel, kernels/screen_int8.c:
 vpmaddwd over int8 weights with a per-row scale, the input in two int8 levels), whose error is about
-twice bf16's (screen_int8.py's bound): 29 rows 43.8 -> 14.0 ms, 256 rows 250 -> 172 ms, 4 of every
-37 s of a greedy shard (/work/exp/k51, 2-core AMD EPYC, Zen 3). Its top C are redone in fp32 as above.
+twice bf16's (screen_int8.py's bound): 29 rows 43.8 -> 14.0 ms, 256 rows 250 -> 172 ms; a greedy
+shard of 32 Magpie answers 34.4 / 35.3 -> 29.0 / 33.1 s, of 32 tuning prompts from 19,000 on (long
+passages) 73.4 / 72.0 -> 51.7 / 58.0 s, the same answers and top-4 tokens (/work/exp/k51, 2-core AMD
+EPYC, Zen 3). Its top C are redone in fp32 as above.
 Where neither applies (no C kernels), W x^T in fp32 alone: every logit an fp32 dot product with the
 exact weights (another summation order than the canonical one-token product: they agree to about
 1e-5).
@@ -62,8 +64,11 @@ class TeacherHead:
         self.product = product or default_product()
         if self.product == "int8" and not screen_int8.fits(self.weight.shape[1]):
             self.product = "fp32"
-        self.fast = {"bf16": lambda: weight.detach().to(torch.bfloat16).contiguous(),  # [V, H]
-                     "int8": lambda: Int8Kernel(self.weight)}.get(self.product, lambda: None)()
+        self.fast = None  # fp32: W x^T alone
+        if self.product == "bf16":
+            self.fast = weight.detach().to(torch.bfloat16).contiguous()  # [V, H]
+        elif self.product == "int8":
+            self.fast = Int8Kernel(self.weight)  # x [n, H] -> [n, V] fp32
         self.candidates = candidates
 
     @torch.inference_mode()
