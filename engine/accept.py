@@ -34,33 +34,25 @@ from dataclasses import dataclass, field
 import torch
 
 from .events import ResidualToken, SampleTest, Sampling
+from .nucleus import sort_for_nucleus
 from .tree import TokenTree
 
 RESIDUAL_TOP = 5  # a SamplingLog keeps this many of the residual's most likely tokens
 
-NUCLEUS_PREFIX = 1024  # top-p looks at the K most likely tokens first (a full sort of 49k costs ~8 ms a row)
-
 
 def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Verifier distributions [N, V] (fp64) at this temperature, with nucleus (top-p) filtering.
-
-    Top-p keeps the smallest set of most likely tokens whose mass reaches top_p (at least one):
-    token i of the descending order is dropped when the mass before it, c_i - p_i, reaches top_p.
-    When the K most likely tokens already hold top_p of the mass (c_K >= top_p), every token after
-    them is dropped, so only they need sorting: topk(K) gives them in the order a full sort gives
-    (equal probabilities aside, whose order neither fixes), the same prefix sums, the same kept set.
-    """
+    """Verifier distributions [N, V] (fp64) at this temperature, with nucleus (top-p) filtering
+    (nucleus.py: the rule, and which rows are sorted how far)."""
     probs = torch.softmax(logits.double() / temperature, dim=-1)  # [N, V]
     if top_p < 1.0:
-        k = min(NUCLEUS_PREFIX, probs.shape[-1])
-        sorted_p, order = torch.topk(probs, k, dim=-1)  # [N, K], descending
-        cumulative = torch.cumsum(sorted_p, dim=-1)
-        if not bool((cumulative[:, -1] >= top_p).all()):  # a flat row: its nucleus may go past K
-            sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-            cumulative = torch.cumsum(sorted_p, dim=-1)
-        drop_sorted = cumulative - sorted_p >= top_p  # mass of strictly likelier tokens reaches top_p
-        drop = torch.ones_like(probs, dtype=torch.bool).scatter(-1, order, drop_sorted)  # unsorted: dropped
-        probs = probs.masked_fill(drop, 0.0)
+        keep = torch.zeros_like(probs, dtype=torch.bool)  # [N, V]: columns past a row's sorted prefix are dropped
+        for group in sort_for_nucleus(probs, top_p):
+            kept = torch.zeros(group.p.shape[0], probs.shape[-1], dtype=torch.bool).scatter(-1, group.order, group.kept(top_p))
+            if group.rows is None:
+                keep = kept
+            else:
+                keep[group.rows] = kept
+        probs = probs.masked_fill(~keep, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
 

@@ -108,17 +108,19 @@ def test_naive_ratio_test_would_be_caught():
 
 
 def test_nucleus_from_the_top_k_prefix_is_the_full_sort_nucleus(monkeypatch):
-    """target_probs sorts only the NUCLEUS_PREFIX most likely tokens when they hold top_p of the mass;
-    the kept set and the probabilities are those of a full sort, peaked and flat rows alike."""
-    import spectui.engine.accept as accept
+    """target_probs sorts only the NUCLEUS_PREFIX most likely tokens when they hold top_p of the mass
+    (flat rows alone are sorted whole); the kept set and the probabilities are those of a full sort,
+    for peaked rows, flat rows and a batch mixing both."""
+    import spectui.engine.nucleus as nucleus
 
     g = torch.Generator().manual_seed(0)
-    for scale in (0.3, 3.0, 8.0):  # flat rows need more than the prefix: the full sort then
-        logits = torch.randn(6, 5000, generator=g) * scale
+    batches = [torch.randn(6, 5000, generator=g) * scale for scale in (0.3, 3.0, 8.0)]
+    batches.append(torch.cat([batches[0][:3], batches[2][:3]]))  # flat rows beside peaked ones
+    for logits in batches:
         for top_p in (0.5, 0.95, 0.999):
-            monkeypatch.setattr(accept, "NUCLEUS_PREFIX", 64)
-            prefix = accept.target_probs(logits, 0.8, top_p)
-            monkeypatch.setattr(accept, "NUCLEUS_PREFIX", 5000)
-            full = accept.target_probs(logits, 0.8, top_p)
-            assert torch.equal(prefix, full), (scale, top_p)
+            monkeypatch.setattr(nucleus, "NUCLEUS_PREFIX", 64)
+            prefix = target_probs(logits, 0.8, top_p)
+            monkeypatch.setattr(nucleus, "NUCLEUS_PREFIX", 5000)
+            full = target_probs(logits, 0.8, top_p)
+            assert torch.equal(prefix, full), top_p
             assert torch.allclose(prefix.sum(-1), torch.ones(6, dtype=torch.float64))

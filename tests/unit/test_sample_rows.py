@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-import spectui.engine.sample_rows as sample_rows_module
+import spectui.engine.nucleus as nucleus
 from spectui.engine.accept import target_probs
 from spectui.engine.sample_rows import sample_rows
 
@@ -58,7 +58,7 @@ def test_flat_rows_sorted_whole_give_the_prefix_tokens(monkeypatch):
     for top_p in (0.5, 0.95, 1.0):
         draws = []
         for prefix in (16, 3000):
-            monkeypatch.setattr(sample_rows_module, "NUCLEUS_PREFIX", prefix)
+            monkeypatch.setattr(nucleus, "NUCLEUS_PREFIX", prefix)
             draws.append(sample_rows(logits, 0.8, top_p, torch.Generator().manual_seed(3)))
         assert torch.equal(draws[0], draws[1]), top_p
         assert bool((target_probs(logits, 0.8, top_p).gather(1, draws[0][:, None]) > 0).all())
