@@ -25,12 +25,24 @@ cheaper than the last) and the best J is kept.
 
 AutoDrafting decides what to draft:
 - the n-gram drafter costs nothing measurable: its matches (up to 2 chains of 12) always join;
-- an SSM runs only while it pays: `gain` is a moving average of the accepted tokens credited to it
-  (`credited`: to the first SSM that drafted them, none if the n-gram drafter had them) per step it
-  ran; it runs when gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds what a
+- an SSM runs only while it pays: `gain` is the tokens a run of it adds in this answer: the accepted
+  tokens credited to it (`credited`: to the first SSM that drafted them, none if the n-gram drafter had
+  them) over its runs so far, after PRIOR_RUNS runs at GAIN_PRIOR,
+
+      gain = (credited tokens + PRIOR_RUNS * GAIN_PRIOR) / (runs + PRIOR_RUNS),
+
+  begun afresh by every answer (`begin_answer`): how well a drafter agrees follows the prompt (the
+  feature head pays on chat, qa and maths and not on translation). A moving average carried across
+  answers (weight 0.25) swings by about 0.2 tokens a run for runs that add 0 or 1 token at even odds,
+  so a head that paid sat idle after two misses, or because an earlier answer's prompt did not suit it,
+  and explored too seldom to come back within an answer. The prior is optimistic: every
+  answer tries each SSM, and one that adds little stops within about PRIOR_RUNS runs. It runs when
+  gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds what a
   steady run of it costs (`run_ms`: all its forwards of a step, measured; one forward's cost until
-  measured) plus what verifying its nodes adds to a step (`verify_ms`: c_verify(T) - c_verify(T - k)
-  for the k verified nodes credited to it the same way, a moving average over its runs), and
+  measured) plus what verifying its nodes adds to a step (`verify_ms`: k / (T - 1) of what the step's
+  verification took beyond c_verify(1), for the k of its T - 1 verified nodes credited to it the same
+  way, a moving average over its runs; measured, not read off the cost curve: one more row costs more
+  after a long prompt, where the attention reads more keys, and the curve's ratios mix all prefixes), and
   otherwise explores once it has been idle for n steps with
   n * c_verify(1) * EXPLORE_SHARE >= what an exploring run costs (`explore_ms`: measured, the
   catch-up of the tokens it sat out included; at least MIN_EXPLORE_EVERY steps): exploring costs at
@@ -63,8 +75,9 @@ ROOT_WIDTH, WIDTH, FEED = 3, 2, 2  # SSM candidates under the root, under deeper
 MAX_DEPTH = 8  # SSM levels per step
 EXPLORE_SHARE = 0.015  # of incremental time an SSM that does not pay may spend exploring
 MIN_EXPLORE_EVERY = 8  # steps between its explorations, at least
-GAIN_EMA = 0.25
-GAIN_PRIOR = 0.3  # tokens a new SSM is assumed to add per step until measured
+GAIN_EMA = 0.25  # weight of a new value in the moving averages of costs and the realised rate
+GAIN_PRIOR = 0.5  # tokens a run an SSM is assumed to add at the start of an answer ...
+PRIOR_RUNS = 8  # ... weighed as this many runs
 STEADY_CATCH_UP = 4  # tokens: a catch-up this short is a step's usual forward; longer ones (its first
 # step on a prompt, after idle steps) are not timed as its drafting cost
 
@@ -161,12 +174,23 @@ def fold(table: dict[str, float], name: str, value: float) -> None:
 class AutoDrafting:
     costs: CostModel
     acceptance: AcceptanceModel
-    gain: dict[str, float] = field(default_factory=dict)  # SSM -> moving average of tokens only it gave
+    answer_tokens: dict[str, int] = field(default_factory=dict)  # SSM -> tokens credited to it in this answer
+    answer_runs: dict[str, int] = field(default_factory=dict)  # SSM -> its runs in this answer
     idle: dict[str, int] = field(default_factory=dict)  # SSM -> steps since it last drafted
     run_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of a steady run, all its forwards
     explore_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of an exploring run, catch-up included
     verify_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average verify ms its nodes added to a step it ran
     realised: float = 0.0  # moving average of committed tokens per ms of engine time, all steps
+
+    def begin_answer(self) -> None:
+        """A new answer judges each SSM afresh (gain); what it costs, and the acceptance model, carry over."""
+        self.answer_tokens.clear()
+        self.answer_runs.clear()
+
+    def gain(self, name: str) -> float:
+        """Tokens a run of `name` adds in this answer (the module docstring)."""
+        runs = self.answer_runs.get(name, 0)
+        return (self.answer_tokens.get(name, 0) + PRIOR_RUNS * GAIN_PRIOR) / (runs + PRIOR_RUNS)
 
     def target_rate(self) -> float:
         """R: tokens per ms a node must beat (never below an incremental step's)."""
@@ -186,9 +210,8 @@ class AutoDrafting:
     def worth_running(self, name: str) -> str | None:
         """"pays" (its gain in incremental ms beats what a steady run of it costs), "explore" (idle long
         enough that this run, catch-up included, stays within EXPLORE_SHARE of incremental time), or None."""
-        gain = self.gain.setdefault(name, GAIN_PRIOR)
         c1 = self.costs.verify(1)
-        if gain * c1 > self.run_ms.get(name, self.costs.draft(name)) + self.verify_ms.get(name, 0.0):
+        if self.gain(name) * c1 > self.run_ms.get(name, self.costs.draft(name)) + self.verify_ms.get(name, 0.0):
             self.idle[name] = 0
             return "pays"
         self.idle[name] = self.idle.get(name, 0) + 1
@@ -252,15 +275,18 @@ class AutoDrafting:
         plan = select_nodes(tree, values, verify, rate, (time.perf_counter() - start) * 1000)
         return tree.select(plan.keep), ran, plan
 
-    def observe(self, tree: TokenTree, accepted: list[int], names: list[str], ran: list[str]) -> None:
-        """Fold a verified step into the acceptance model and the SSMs' gains."""
+    def observe(self, tree: TokenTree, accepted: list[int], names: list[str], ran: list[str], verify_ms: float) -> None:
+        """Fold a verified step (its verification took verify_ms) into the acceptance model, the SSMs'
+        records of this answer and the verify time their nodes add."""
         reached = {0, *accepted}
         for i in range(1, len(tree)):
             if tree.parents[i] in reached:
                 self.acceptance.observe(named_evidence(tree, i, names), tree.depths[i], i in reached, tree.contested[i])
         for name, own in credited(tree, accepted, names, ran).items():
-            gain = self.gain.get(name, GAIN_PRIOR)
-            self.gain[name] = gain + GAIN_EMA * (own - gain)
+            self.answer_tokens[name] = self.answer_tokens.get(name, 0) + own
+            self.answer_runs[name] = self.answer_runs.get(name, 0) + 1
         size = len(tree)
+        c1 = self.costs.verify(1)  # a one-token step now (this step, T > 1, is not among its observations)
+        per_node = min(max(verify_ms - c1, 0.0) / (size - 1), c1) if size > 1 else 0.0  # capped: a stalled step
         for name, nodes in credited(tree, list(range(1, size)), names, ran).items():
-            fold(self.verify_ms, name, self.costs.verify(size) - self.costs.verify(size - nodes) if nodes else 0.0)
+            fold(self.verify_ms, name, nodes * per_node)

@@ -123,7 +123,7 @@ class SpeculativeEngine:
             generator.seed()
         drafters = self.drafters if settings.speculate else []
         if drafters and settings.auto:
-            self.auto_drafting()
+            self.auto_drafting().begin_answer()
         committed = list(prompt_ids)
         start = time.perf_counter()
         kept = self.verifier.rewind(self.cached_ids, committed if reuse else [])
@@ -226,7 +226,7 @@ class SpeculativeEngine:
         if self.cost_model is not None:
             self.cost_model.observe_verify(len(tree), (t2 - t1) * 1000)
         if self.auto is not None and (len(tree) > 1 or ran):
-            self.auto.observe(tree, accepted, self.speculator_names, ran)
+            self.auto.observe(tree, accepted, self.speculator_names, ran, (t2 - t1) * 1000)
         return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran, log)
 
     def draft_tree(self, committed: list[int], drafters, settings) -> TokenTree:

@@ -145,7 +145,7 @@ def test_mss_with_dynamic_auto_trees_follows_verifier_distribution(embedded_mode
             engine.verifier.crop(base)
         accepted, bonus = accept_stochastic(tree, scored[key], gen)
         firsts.append(tree.tokens[accepted[0]] if accepted else bonus)
-        auto.observe(tree, accepted, engine.speculator_names, [])
+        auto.observe(tree, accepted, engine.speculator_names, [], 0.0)  # no SSM ran: nothing to charge
         shapes.add(len(tree))
     assert len(shapes) >= 3, f"the auto tree should change shape as it learns, got sizes {sorted(shapes)}"
     assert chi2(firsts, p_root) > 1e-3

@@ -19,6 +19,12 @@ from spectui.engine.auto_tree import node_values, select_nodes
 from spectui.engine.tree import TokenTree
 
 
+def judged(auto, name: str, runs: int, tokens: int) -> float:
+    """Give `name` this answer's record (runs, credited tokens) -> its gain."""
+    auto.answer_runs[name], auto.answer_tokens[name] = runs, tokens
+    return auto.gain(name)
+
+
 def random_tree(parents_seed: list[int], accepts: list[float]) -> tuple[TokenTree, list[float]]:
     tree = TokenTree.with_root(0)
     for i, seed in enumerate(parents_seed, 1):
@@ -104,7 +110,8 @@ def test_an_ssm_that_does_not_pay_explores_within_its_time_share():
 
     for c1, draft_ms in ((10.0, 2.4), (60.0, 2.4)):  # a fast verifier next to its SSM, then a slow one
         costs = CostModel({1: c1, 2: c1 * 1.2}, draft_ms={"ssm": draft_ms})
-        auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}), gain={"ssm": 0.0})
+        auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}))
+        assert judged(auto, "ssm", 10**6, 0) < 1e-5
         runs = [step for step in range(1, 200) if auto.worth_running("ssm")]
         gaps = {b - a for a, b in zip(runs, runs[1:])}
         expected = max(MIN_EXPLORE_EVERY, -(-draft_ms // (EXPLORE_SHARE * c1)))
@@ -121,14 +128,15 @@ def test_an_ssm_is_judged_by_what_its_runs_cost_catch_up_included_when_exploring
 
     c1 = 8.0
     costs = CostModel({1: c1, 2: c1 * 1.2}, draft_ms={"ssm": 1.0})
-    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}), gain={"ssm": 0.25})
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}))
+    assert judged(auto, "ssm", 24, 4) == 0.25
     assert auto.worth_running("ssm") == "pays"  # 0.25 tokens x 8 ms beat one 1 ms forward ...
     auto.observe_run("ssm", "pays", 3.0, steady=True)  # ... but a steady run takes three
     assert auto.run_ms["ssm"] == 3.0 and auto.worth_running("ssm") is None
     auto.observe_run("ssm", "pays", 30.0, steady=False)  # a long catch-up does not count as a steady run
     assert auto.run_ms["ssm"] == 3.0
     auto.observe_run("ssm", "explore", 9.0, steady=False)  # an exploring run, catch-up and all
-    auto.gain["ssm"] = 0.0
+    judged(auto, "ssm", 10**6, 0)
     auto.idle["ssm"] = 0
     runs = [step for step in range(1, 400) if auto.worth_running("ssm") == "explore"]
     gaps = {b - a for a, b in zip(runs, runs[1:])}
@@ -137,15 +145,16 @@ def test_an_ssm_is_judged_by_what_its_runs_cost_catch_up_included_when_exploring
 
 
 def test_an_ssm_pays_for_the_verify_time_its_nodes_add_too():
-    """A run's tokens must beat its drafting and the verify ms its nodes add to the step: here 0.3
-    tokens x 10 ms beat a 2.5 ms run, not a run whose two nodes make the step's verify 1 ms dearer."""
+    """A run's tokens must beat its drafting and the verify ms its nodes add to the step: here 0.34
+    tokens x 10 ms beat a 2.5 ms run; after a miss, 0.33 do not beat a run whose two nodes make the
+    step's verify 1 ms dearer."""
     from spectui.engine.acceptance_model import AcceptanceModel
     from spectui.engine.auto_tree import AutoDrafting
     from spectui.engine.costs import CostModel
 
     costs = CostModel({1: 10.0, 2: 10.5, 4: 11.5})
-    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"}), gain={"ssm": 0.4},
-                        run_ms={"ssm": 2.5})
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"}), run_ms={"ssm": 2.5})
+    assert judged(auto, "ssm", 42, 13) == pytest.approx(0.34)
     assert auto.worth_running("ssm") == "pays"
     names = ["ssm", "ngram"]
     tree = TokenTree.with_root(1)
@@ -155,10 +164,44 @@ def test_an_ssm_pays_for_the_verify_time_its_nodes_add_too():
     tree.add(copied, 12, 0, 0.5, conf_bin=5)
     tree.add(copied, 12, 1, 1.0, conf_bin=3)  # both proposed it: a free drafter's too
     tree.mark_contested()
-    auto.observe(tree, [], names, ["ssm"])  # none accepted: gain 0.4 -> 0.3
-    assert auto.verify_ms["ssm"] == costs.verify(5) - costs.verify(3) == pytest.approx(1.0)  # its 2 nodes, not the others
-    assert 2.5 < auto.gain["ssm"] * 10.0 < 2.5 + auto.verify_ms["ssm"]
+    auto.observe(tree, [], names, ["ssm"], 12.0)  # none accepted: gain 0.34 -> 17 / 51; 2 ms over c_verify(1)
+    assert auto.verify_ms["ssm"] == pytest.approx(2 / 4 * 2.0)  # its 2 of the 4 nodes, not the others
+    assert 2.5 < auto.gain("ssm") * 10.0 < 2.5 + auto.verify_ms["ssm"]
     assert auto.worth_running("ssm") is None
+    auto.observe(tree, [], names, ["ssm"], 10_000.0)  # a stalled step: at most c_verify(1) a node
+    assert auto.verify_ms["ssm"] == pytest.approx(1.0 + 0.25 * (2 * 10.0 - 1.0))
+
+
+def test_each_answer_judges_an_ssm_afresh_from_an_optimistic_prior():
+    """gain is this answer's credited tokens a run after PRIOR_RUNS runs at GAIN_PRIOR: a new answer
+    starts every SSM at the prior (whatever the last answer showed); one that adds nothing stops within
+    about PRIOR_RUNS runs; one that adds a token every other run keeps running through two misses in a
+    row (a moving average of weight 0.25 from 0.5 fell below its cost after them)."""
+    from spectui.engine.acceptance_model import AcceptanceModel
+    from spectui.engine.auto_tree import GAIN_PRIOR, PRIOR_RUNS, AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    costs = CostModel({1: 10.0, 2: 10.0})  # a free node: only the 3 ms run is judged
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}), run_ms={"ssm": 3.0})
+    names = ["ssm"]
+
+    def step(accepted: bool) -> str | None:
+        why = auto.worth_running("ssm")
+        if why is not None:
+            tree = TokenTree.with_root(1)
+            node = tree.add(0, 10, 0, 0.6, conf_bin=6)
+            auto.observe(tree, [node] if accepted else [], names, names, 10.0)
+        return why
+
+    judged(auto, "ssm", 30, 0)  # the last answer: nothing
+    auto.begin_answer()
+    assert auto.gain("ssm") == GAIN_PRIOR and step(False) == "pays"
+    runs = 1 + sum(step(False) == "pays" for _ in range(40))
+    assert PRIOR_RUNS // 2 <= runs <= 2 * PRIOR_RUNS  # 4 / (n + 8) < 0.3: n = 6 runs
+    auto.begin_answer()
+    outcomes = [True, False, False] * 3 + [True, False] * 10  # two misses in a row, then one in two
+    assert all(step(hit) == "pays" for hit in outcomes)
+    assert auto.gain("ssm") > 0.3
 
 
 def test_accepted_tokens_are_credited_to_the_first_ssm_that_drafted_them():
@@ -298,11 +341,11 @@ def test_contested_nodes_learn_apart_from_uncontested_ones():
         ssm = tree.add(0, 10, source=0, prob=0.75, conf_bin=7)
         ngram = tree.add(0, 11, source=1, prob=1.0, conf_bin=3)
         tree.mark_contested()
-        auto.observe(tree, [ngram], names, [])
+        auto.observe(tree, [ngram], names, [], 11.0)
         alone = TokenTree.with_root(1)  # alone, its drafts at that confidence hold
         alone.add(0, 10, source=0, prob=0.75, conf_bin=7)
         alone.mark_contested()
-        auto.observe(alone, [1], names, [])
+        auto.observe(alone, [1], names, [], 11.0)
     accept = auto.predictor(tree, names)
     assert accept(ssm) < 0.1 < 0.9 < auto.predictor(alone, names)(1)
     rows = {(r["speculator"], r["contested"]): r for r in model.calibration()}
