@@ -176,7 +176,7 @@ def test_each_answer_judges_an_ssm_afresh_from_an_optimistic_prior():
     """gain is this answer's credited tokens a run after PRIOR_RUNS runs at GAIN_PRIOR: a new answer
     starts every SSM at the prior (whatever the last answer showed); one that adds nothing stops within
     about PRIOR_RUNS runs; one that adds a token every other run keeps running through two misses in a
-    row (a moving average of weight 0.25 from 0.5 fell below its cost after them)."""
+    row (the old moving average, weight 0.25 from 0.5, fell below this cost in the second such stretch)."""
     from spectui.engine.acceptance_model import AcceptanceModel
     from spectui.engine.auto_tree import GAIN_PRIOR, PRIOR_RUNS, AutoDrafting
     from spectui.engine.costs import CostModel
