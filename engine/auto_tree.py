@@ -174,8 +174,8 @@ def fold(table: dict[str, float], name: str, value: float) -> None:
 class AutoDrafting:
     costs: CostModel
     acceptance: AcceptanceModel
-    answer_tokens: dict[str, int] = field(default_factory=dict)  # SSM -> tokens credited to it in this answer
-    answer_runs: dict[str, int] = field(default_factory=dict)  # SSM -> its runs in this answer
+    answer_tokens: dict[str, int] = field(default_factory=dict)  # SSM -> tokens credited to it, this answer
+    answer_runs: dict[str, int] = field(default_factory=dict)  # SSM -> its runs, this answer
     idle: dict[str, int] = field(default_factory=dict)  # SSM -> steps since it last drafted
     run_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of a steady run, all its forwards
     explore_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of an exploring run, catch-up included
