@@ -48,11 +48,7 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torc
         keep = torch.zeros_like(probs, dtype=torch.bool)  # [N, V]: columns past a row's sorted prefix are dropped
         for group in sort_for_nucleus(probs, top_p):
             kept = torch.zeros(group.p.shape[0], probs.shape[-1], dtype=torch.bool)  # [n, V]
-            kept.scatter_(-1, group.order, group.kept(top_p))
-            if group.rows is None:
-                keep = kept
-            else:
-                keep[group.rows] = kept
+            keep = group.place(keep, kept.scatter_(-1, group.order, group.kept(top_p)))
         probs = probs.masked_fill(~keep, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs

@@ -75,7 +75,7 @@ ROOT_WIDTH, WIDTH, FEED = 3, 2, 2  # SSM candidates under the root, under deeper
 MAX_DEPTH = 8  # SSM levels per step
 EXPLORE_SHARE = 0.015  # of incremental time an SSM that does not pay may spend exploring
 MIN_EXPLORE_EVERY = 8  # steps between its explorations, at least
-GAIN_EMA = 0.25  # weight of a new value in the moving averages of costs and the realised rate
+AVERAGE_WEIGHT = 0.25  # of a new value in the moving averages of costs and of the realised rate
 GAIN_PRIOR = 0.5  # tokens a run an SSM is assumed to add at the start of an answer ...
 PRIOR_RUNS = 8  # ... weighed as this many runs
 STEADY_CATCH_UP = 4  # tokens: a catch-up this short is a step's usual forward; longer ones (its first
@@ -166,8 +166,8 @@ def credited(tree: TokenTree, nodes: list[int], names: list[str], ran: list[str]
 
 
 def fold(table: dict[str, float], name: str, value: float) -> None:
-    """A moving average per SSM: the first value as is, then GAIN_EMA of each new one."""
-    table[name] = value if name not in table else table[name] + GAIN_EMA * (value - table[name])
+    """A moving average per SSM: the first value as is, then AVERAGE_WEIGHT of each new one."""
+    table[name] = value if name not in table else table[name] + AVERAGE_WEIGHT * (value - table[name])
 
 
 @dataclass
@@ -199,7 +199,7 @@ class AutoDrafting:
     def observe_rate(self, tokens: int, step_ms: float) -> None:
         if step_ms > 0:
             rate = tokens / step_ms
-            self.realised = rate if self.realised == 0 else self.realised + GAIN_EMA * (rate - self.realised)
+            self.realised = rate if self.realised == 0 else self.realised + AVERAGE_WEIGHT * (rate - self.realised)
 
     def predictor(self, tree: TokenTree, names: list[str]) -> Callable[[int], float]:
         """a(i) for the nodes of `tree` as it stands when asked (its contested flags marked first)."""

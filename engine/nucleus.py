@@ -33,6 +33,14 @@ class SortedRows:
         """[n, K'] bool: in the nucleus (the rule above)."""
         return self.cumulative - self.p < top_p
 
+    def of(self, x: torch.Tensor) -> torch.Tensor:
+        """These rows of x [N, ...] -> [n, ...]."""
+        return x if self.rows is None else x[self.rows]
+
+    def place(self, out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """out [N, ...] with these rows set to values [n, ...] (values itself when these are all the rows)."""
+        return values if self.rows is None else out.index_put_((self.rows,), values)
+
 
 def sort_for_nucleus(probs: torch.Tensor, top_p: float) -> list[SortedRows]:
     """probs [N, V] -> one SortedRows for every row (the K-prefix for most, a whole sort for flat rows)."""

@@ -28,18 +28,13 @@ def sample_rows(logits: torch.Tensor, temperature: float, top_p: float,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """logits [N, V] -> one token id per row [N] (int64), drawn as the module docstring says."""
     probs = torch.softmax(logits.double() / temperature, dim=-1)  # [N, V]
-    N, V = probs.shape
+    N = probs.shape[0]
     u = torch.rand(N, dtype=torch.float64, generator=generator)  # [N], one uniform a row
     if top_p >= 1.0:  # no filter: the inverse CDF over the row as it is
         return draw(probs, torch.cumsum(probs, dim=-1), u, None)
     tokens = torch.empty(N, dtype=torch.long)
     for group in sort_for_nucleus(probs, top_p):
-        u_rows = u if group.rows is None else u[group.rows]
-        drawn = draw(group.p, group.cumulative, u_rows, group.order, group.kept(top_p))
-        if group.rows is None:
-            tokens = drawn
-        else:
-            tokens[group.rows] = drawn
+        tokens = group.place(tokens, draw(group.p, group.cumulative, group.of(u), group.order, group.kept(top_p)))
     return tokens
 
 
