@@ -143,16 +143,30 @@ def hang_top(tree: TokenTree, source: int, parents: list[int], logits: torch.Ten
 
 
 class NGramDrafter:
-    """Prompt lookup: reuse spans of the conversation that followed the current suffix."""
+    """Prompt lookup: reuse spans of the conversation that followed the current suffix.
+
+    A continuation stops before the first `boundary` token (the tokenizer's special tokens: the chat
+    template's turn markers, end of text). An answer that repeats the end of the user's question would
+    otherwise draft on through "?<|im_end|>\n<|im_start|>assistant\n...", a chain of 5-9 nodes the
+    verifier never takes: one such step verified 13 nodes in 77 ms for one token."""
 
     kind = "ngram"
 
     # Defaults measured on the embedded verifier (8 dev prompts, CPU): suffixes of 2-4 tokens, one
     # chain of 5. Single-token matches and second branches cost more verify time than they win.
-    def __init__(self, name: str = "ngram", max_ngram: int = 4, min_ngram: int = 2, depth: int = 5, branches: int = 1):
+    def __init__(self, name: str = "ngram", max_ngram: int = 4, min_ngram: int = 2, depth: int = 5, branches: int = 1,
+                 boundary: frozenset[int] = frozenset()):
         self.name = name
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.depth, self.branches = depth, branches
+        self.boundary = frozenset(boundary)
+
+    def _until_boundary(self, follow: list[int]) -> list[int]:
+        """`follow` up to its first boundary token (excluded)."""
+        for i, token in enumerate(follow):
+            if token in self.boundary:
+                return follow[:i]
+        return follow
 
     def reset(self) -> None:
         pass
@@ -169,7 +183,7 @@ class NGramDrafter:
             for start in range(n_total - n - 1, -1, -1):  # most recent occurrence first
                 if committed[start : start + n] != pattern:
                     continue
-                follow = committed[start + n : start + n + self.depth]
+                follow = self._until_boundary(committed[start + n : start + n + self.depth])
                 if follow and follow not in found:
                     found.append(follow)
                     if len(found) == self.branches:
@@ -201,7 +215,7 @@ class NGramDrafter:
             length = 1
             while length < longest and position - length >= 0 and committed[position - length] == committed[n_total - 1 - length]:
                 length += 1
-            follow = committed[position + 1 : position + 1 + depth]
+            follow = self._until_boundary(committed[position + 1 : position + 1 + depth])
             if length >= self.min_ngram and follow:
                 found.append((length, position, follow))
         found.sort(key=lambda item: (-item[0], -item[1]))

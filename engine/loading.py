@@ -388,7 +388,7 @@ def build_engine(models: LoadedModels, ngram: bool | None = None):
     drafters = [FeatureDrafter(name, model) if isinstance(model, FeatureHead) else ModelDrafter(name, model)
                 for name, model in models.ssms if not isinstance(model, FeatureHead) or supports(models.verifier)]
     if models.preset.ngram if ngram is None else ngram:
-        drafters.append(NGramDrafter())
+        drafters.append(NGramDrafter(boundary=frozenset(models.tokenizer.all_special_ids) | set(models.stop_token_ids())))
     return SpeculativeEngine(
         models.verifier, models.tokenizer, drafters, models.stop_token_ids(), models.attention_backend
     )

@@ -49,3 +49,17 @@ def test_matches_need_min_ngram_and_an_earlier_occurrence():
     tree = TokenTree.with_root(4)
     drafter.draft_matches([1, 4, 2, 1, 4], tree, 0)
     assert tree.tokens[1:] == [2, 1, 4] and tree.evidence[1] == {0: 2}
+
+
+def test_continuations_stop_before_a_boundary_token():
+    # an answer repeating the end of the question: what followed there is the chat template's turn markers
+    END, START = 2, 1
+    question = [START, 50, 60, 70, 71, END, 10, START, 80, 10]
+    cut = NGramDrafter(boundary=frozenset({START, END}))
+    whole = NGramDrafter()
+    answer = question + [60, 70]
+    assert whole.matches(answer, depth=6) == [([71, END, 10, START, 80, 10], 2)]
+    assert cut.matches(answer, depth=6) == [([71], 2)]
+    assert cut.propose(answer) == [[71]]
+    assert cut.matches(question + [60, 70, 71]) == []  # a continuation that is all boundary is no draft
+    assert cut.propose(question + [60, 70, 71]) == []
