@@ -37,19 +37,25 @@ AutoDrafting decides what to draft:
   so a head that paid sat idle after two misses, or because an earlier answer's prompt did not suit it,
   and explored too seldom to come back within an answer. The prior is optimistic: every
   answer tries each SSM, and one that adds little stops within about PRIOR_RUNS runs. It runs when
-  gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds what a
-  steady run of it costs (`run_ms`: all its forwards of a step, measured; one forward's cost until
-  measured) plus what verifying its nodes adds to a step (`verify_ms`: k / (T - 1) of what the step's
-  verification took beyond c_verify(1), for the k of its T - 1 verified nodes credited to it the same
-  way, a moving average over its runs; measured, not read off the cost curve: one more row costs more
-  after a long prompt, where the attention reads more keys, and the curve's ratios mix all prefixes), and
-  otherwise explores once it has been idle for n steps with
+  gain * c_verify(1) (the ms those tokens would cost incrementally) exceeds what a run of it costs,
+
+      run cost = (ms of this answer's steady runs + PRIOR_RUNS * one forward) / (steady runs + PRIOR_RUNS)
+               + (verify ms its nodes added + PRIOR_RUNS * one node's) / (runs + PRIOR_RUNS),
+
+  judged afresh by every answer as the gain is: a steady run is all its forwards of a step; one
+  forward is the cost model's mean (costs.draft); a run's verify ms are k / (T - 1) of what the
+  step's verification took beyond c_verify(1), for the k of its T - 1 verified nodes credited to it the
+  same way, and one node's is the mean of that per-node figure over all steps (`node_ms`). Measured, not
+  read off the cost curve: one more row costs more after a long prompt, where the attention reads more
+  keys, and the curve's ratios mix all prefixes. A cost carried across answers froze while the SSM
+  sat idle: deep runs on a maths prompt (9 ms) then kept the head from ever paying on the chat prompts
+  after it, whose runs would take 2-3 ms. Otherwise an SSM explores once it has been idle for n steps with
   n * c_verify(1) * EXPLORE_SHARE >= what an exploring run costs (`explore_ms`: measured, the
   catch-up of the tokens it sat out included; at least MIN_EXPLORE_EVERY steps): exploring costs at
   most EXPLORE_SHARE of incremental time per SSM, however cheap a verify step is next to a draft,
   and a speculator that starts to agree (a copying phase, another topic) is still noticed. (Judging
-  runs by one forward and exploration without its catch-up let an SSM run for less than it cost
-  once the verifier got faster: on a 2-core EPYC an exploring run took ~9 ms against a 8-10 ms step);
+  exploration without its catch-up let an SSM run for less than it cost once the verifier got faster:
+  on a 2-core EPYC an exploring run took ~9 ms against a 8-10 ms step);
 - its drafting cost is the mean of its forwards in a step: each level, and the catch-up of the
   committed tokens when it is a step's usual few (STEADY_CATCH_UP); feeding it a whole prompt, or
   the tokens of the steps it sat out, is not what one more step of drafting costs, and counting
@@ -165,41 +171,60 @@ def credited(tree: TokenTree, nodes: list[int], names: list[str], ran: list[str]
     return counts
 
 
-def fold(table: dict[str, float], name: str, value: float) -> None:
-    """A moving average per SSM: the first value as is, then AVERAGE_WEIGHT of each new one."""
-    table[name] = value if name not in table else table[name] + AVERAGE_WEIGHT * (value - table[name])
+def moving(average: float | None, value: float) -> float:
+    """A moving average: the first value as is, then AVERAGE_WEIGHT of each new one."""
+    return value if average is None else average + AVERAGE_WEIGHT * (value - average)
+
+
+@dataclass
+class Record:
+    """One SSM in this answer: what its runs gave and cost."""
+
+    runs: int = 0  # runs whose step was verified
+    tokens: int = 0  # accepted tokens credited to it
+    verify_ms: float = 0.0  # verify ms its nodes added to those steps
+    steady: int = 0  # steady runs timed (a few committed tokens to catch up)
+    run_ms: float = 0.0  # their drafting ms, all their forwards
 
 
 @dataclass
 class AutoDrafting:
     costs: CostModel
     acceptance: AcceptanceModel
-    answer_tokens: dict[str, int] = field(default_factory=dict)  # SSM -> tokens credited to it, this answer
-    answer_runs: dict[str, int] = field(default_factory=dict)  # SSM -> its runs, this answer
+    answer: dict[str, Record] = field(default_factory=dict)  # SSM -> its record in this answer
     idle: dict[str, int] = field(default_factory=dict)  # SSM -> steps since it last drafted
-    run_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of a steady run, all its forwards
     explore_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average ms of an exploring run, catch-up included
-    verify_ms: dict[str, float] = field(default_factory=dict)  # SSM -> moving average verify ms its nodes added to a step it ran
-    realised: float = 0.0  # moving average of committed tokens per ms of engine time, all steps
+    node_ms: float | None = None  # moving average verify ms one drafted node adds to a step, all steps
+    realised: float | None = None  # moving average of committed tokens per ms of engine time, all steps
 
     def begin_answer(self) -> None:
-        """A new answer judges each SSM afresh (gain); what it costs, and the acceptance model, carry over."""
-        self.answer_tokens.clear()
-        self.answer_runs.clear()
+        """A new answer judges each SSM afresh (gain and run cost); exploration's cost, the per-node verify
+        cost and the acceptance model carry over."""
+        self.answer.clear()
+
+    def record(self, name: str) -> Record:
+        return self.answer.setdefault(name, Record())
 
     def gain(self, name: str) -> float:
         """Tokens a run of `name` adds in this answer (the module docstring)."""
-        runs = self.answer_runs.get(name, 0)
-        return (self.answer_tokens.get(name, 0) + PRIOR_RUNS * GAIN_PRIOR) / (runs + PRIOR_RUNS)
+        r = self.answer.get(name, Record())
+        return (r.tokens + PRIOR_RUNS * GAIN_PRIOR) / (r.runs + PRIOR_RUNS)
+
+    def run_cost(self, name: str) -> float:
+        """Ms a run of `name` costs in this answer, drafting and the verify time its nodes add (the module
+        docstring)."""
+        r = self.answer.get(name, Record())
+        node_ms = self.node_ms if self.node_ms is not None else max(self.costs.verify(2) - self.costs.verify(1), 0.0)
+        drafting = (r.run_ms + PRIOR_RUNS * self.costs.draft(name)) / (r.steady + PRIOR_RUNS)
+        return drafting + (r.verify_ms + PRIOR_RUNS * node_ms) / (r.runs + PRIOR_RUNS)
 
     def target_rate(self) -> float:
         """R: tokens per ms a node must beat (never below an incremental step's)."""
-        return max(1.0 / self.costs.verify(1), self.realised)
+        return max(1.0 / self.costs.verify(1), self.realised or 0.0)
 
     def observe_rate(self, tokens: int, step_ms: float) -> None:
         if step_ms > 0:
-            rate = tokens / step_ms
-            self.realised = rate if self.realised == 0 else self.realised + AVERAGE_WEIGHT * (rate - self.realised)
+            self.realised = moving(self.realised, tokens / step_ms)
 
     def predictor(self, tree: TokenTree, names: list[str]) -> Callable[[int], float]:
         """a(i) for the nodes of `tree` as it stands when asked (its contested flags marked first)."""
@@ -211,7 +236,7 @@ class AutoDrafting:
         """"pays" (its gain in incremental ms beats what a steady run of it costs), "explore" (idle long
         enough that this run, catch-up included, stays within EXPLORE_SHARE of incremental time), or None."""
         c1 = self.costs.verify(1)
-        if self.gain(name) * c1 > self.run_ms.get(name, self.costs.draft(name)) + self.verify_ms.get(name, 0.0):
+        if self.gain(name) * c1 > self.run_cost(name):
             self.idle[name] = 0
             return "pays"
         self.idle[name] = self.idle.get(name, 0) + 1
@@ -222,12 +247,15 @@ class AutoDrafting:
         return None
 
     def observe_run(self, name: str, why: str, ms: float, steady: bool) -> None:
-        """Fold one run's drafting ms into the cost its kind of run is judged by: a steady paying run
-        (a few committed tokens to catch up) into run_ms, an exploring one, whatever it caught up, into
+        """Add one run's drafting ms to the cost its kind of run is judged by: a steady paying run (a few
+        committed tokens to catch up) to this answer's record, an exploring one, whatever it caught up, to
         explore_ms."""
-        table = self.explore_ms if why == "explore" else self.run_ms if steady else None
-        if table is not None:
-            fold(table, name, ms)
+        if why == "explore":
+            self.explore_ms[name] = moving(self.explore_ms.get(name), ms)
+        elif steady:
+            r = self.record(name)
+            r.steady += 1
+            r.run_ms += ms
 
     def draft(self, committed: list[int], drafters: list, merge: str) -> tuple[TokenTree, list[str], Plan]:
         """Draft and choose this step's tree -> (tree, names of the SSMs that ran, plan)."""
@@ -282,11 +310,14 @@ class AutoDrafting:
         for i in range(1, len(tree)):
             if tree.parents[i] in reached:
                 self.acceptance.observe(named_evidence(tree, i, names), tree.depths[i], i in reached, tree.contested[i])
-        for name, own in credited(tree, accepted, names, ran).items():
-            self.answer_tokens[name] = self.answer_tokens.get(name, 0) + own
-            self.answer_runs[name] = self.answer_runs.get(name, 0) + 1
         size = len(tree)
         c1 = self.costs.verify(1)  # a one-token step now (this step, T > 1, is not among its observations)
         per_node = min(max(verify_ms - c1, 0.0) / (size - 1), c1) if size > 1 else 0.0  # capped: a stalled step
+        if size > 1:
+            self.node_ms = moving(self.node_ms, per_node)
+        own = credited(tree, accepted, names, ran)
         for name, nodes in credited(tree, list(range(1, size)), names, ran).items():
-            fold(self.verify_ms, name, nodes * per_node)
+            r = self.record(name)
+            r.runs += 1
+            r.tokens += own[name]
+            r.verify_ms += nodes * per_node

@@ -19,9 +19,10 @@ from spectui.engine.auto_tree import node_values, select_nodes
 from spectui.engine.tree import TokenTree
 
 
-def judged(auto, name: str, runs: int, tokens: int) -> float:
-    """Give `name` this answer's record (runs, credited tokens) -> its gain."""
-    auto.answer_runs[name], auto.answer_tokens[name] = runs, tokens
+def judged(auto, name: str, runs: int, tokens: int, verify_ms: float = 0.0) -> float:
+    """Give `name` this answer's record (runs, credited tokens, verify ms its nodes added) -> its gain."""
+    r = auto.record(name)
+    r.runs, r.tokens, r.verify_ms = runs, tokens, verify_ms
     return auto.gain(name)
 
 
@@ -120,21 +121,26 @@ def test_an_ssm_that_does_not_pay_explores_within_its_time_share():
 
 
 def test_an_ssm_is_judged_by_what_its_runs_cost_catch_up_included_when_exploring():
-    """An SSM runs for its gain only while that beats a steady run's measured cost (all its forwards,
-    not one), and its exploring runs, catch-up of the idle steps included, stay within EXPLORE_SHARE."""
+    """An SSM runs for its gain only while that beats what its steady runs cost in this answer (all
+    their forwards, after PRIOR_RUNS runs at one forward's cost), and its exploring runs, catch-up of
+    the idle steps included, stay within EXPLORE_SHARE."""
     from spectui.engine.acceptance_model import AcceptanceModel
-    from spectui.engine.auto_tree import EXPLORE_SHARE, MIN_EXPLORE_EVERY, AutoDrafting
+    from spectui.engine.auto_tree import EXPLORE_SHARE, MIN_EXPLORE_EVERY, PRIOR_RUNS, AutoDrafting
     from spectui.engine.costs import CostModel
 
     c1 = 8.0
-    costs = CostModel({1: c1, 2: c1 * 1.2}, draft_ms={"ssm": 1.0})
+    costs = CostModel({1: c1, 2: c1}, draft_ms={"ssm": 1.0})  # a free node: only drafting is judged
     auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}))
     assert judged(auto, "ssm", 24, 4) == 0.25
     assert auto.worth_running("ssm") == "pays"  # 0.25 tokens x 8 ms beat one 1 ms forward ...
-    auto.observe_run("ssm", "pays", 3.0, steady=True)  # ... but a steady run takes three
-    assert auto.run_ms["ssm"] == 3.0 and auto.worth_running("ssm") is None
-    auto.observe_run("ssm", "pays", 30.0, steady=False)  # a long catch-up does not count as a steady run
-    assert auto.run_ms["ssm"] == 3.0
+    auto.observe_run("ssm", "pays", 30.0, steady=False)  # (a long catch-up is not a steady run)
+    assert auto.run_cost("ssm") == 1.0
+    steady = 0
+    while auto.worth_running("ssm") == "pays":  # ... but a steady run takes three
+        auto.observe_run("ssm", "pays", 3.0, steady=True)
+        steady += 1
+    assert steady == PRIOR_RUNS  # (3 k + 8) / (k + 8) reaches the 2 ms of tokens at k = 8
+    assert auto.run_cost("ssm") == (3.0 * steady + PRIOR_RUNS * 1.0) / (steady + PRIOR_RUNS)
     auto.observe_run("ssm", "explore", 9.0, steady=False)  # an exploring run, catch-up and all
     judged(auto, "ssm", 10**6, 0)
     auto.idle["ssm"] = 0
@@ -144,17 +150,37 @@ def test_an_ssm_is_judged_by_what_its_runs_cost_catch_up_included_when_exploring
     assert gaps == {expected} and expected >= 70 and 9.0 / (expected * c1) <= EXPLORE_SHARE
 
 
-def test_an_ssm_pays_for_the_verify_time_its_nodes_add_too():
-    """A run's tokens must beat its drafting and the verify ms its nodes add to the step: here 0.34
-    tokens x 10 ms beat a 2.5 ms run; after a miss, 0.33 do not beat a run whose two nodes make the
-    step's verify 1 ms dearer."""
+def test_a_dear_answer_does_not_keep_an_ssm_idle_in_the_next():
+    """Run costs are this answer's, as the gain is: deep 9 ms runs on one prompt made the head too dear
+    for the next one, and a cost carried over froze while it sat idle (it only changed when it ran)."""
     from spectui.engine.acceptance_model import AcceptanceModel
     from spectui.engine.auto_tree import AutoDrafting
     from spectui.engine.costs import CostModel
 
-    costs = CostModel({1: 10.0, 2: 10.5, 4: 11.5})
-    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"}), run_ms={"ssm": 2.5})
-    assert judged(auto, "ssm", 42, 13) == pytest.approx(0.34)
+    costs = CostModel({1: 10.0, 2: 10.0}, draft_ms={"ssm": 2.0})
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}))
+    for _ in range(40):  # a prompt where every run drafts deep: 9 ms, for 0.5 tokens a run
+        auto.observe_run("ssm", "pays", 9.0, steady=True)
+    judged(auto, "ssm", 40, 20)
+    assert auto.run_cost("ssm") > 7.5 and auto.worth_running("ssm") is None  # 5 ms of tokens for 7.8 ms
+    for _ in range(200):
+        auto.worth_running("ssm")  # idle (an exploring run would not move the steady cost either)
+    auto.begin_answer()
+    assert auto.run_cost("ssm") == 2.0 and auto.worth_running("ssm") == "pays"
+
+
+def test_an_ssm_pays_for_the_verify_time_its_nodes_add_too():
+    """A run's tokens must beat its drafting and the verify ms its nodes add to the step: here 0.34
+    tokens x 10 ms beat a 2.5 ms run and 0.84 ms of verifying; after a miss whose two nodes made the
+    step's verify 1 ms dearer, 0.333 do not."""
+    from spectui.engine.acceptance_model import AcceptanceModel
+    from spectui.engine.auto_tree import PRIOR_RUNS, AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    costs = CostModel({1: 10.0, 2: 10.5, 4: 11.5}, draft_ms={"ssm": 2.5})
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"}))
+    assert judged(auto, "ssm", 42, 13, verify_ms=38.0) == pytest.approx(0.34)
+    assert auto.run_cost("ssm") == pytest.approx(2.5 + (38.0 + PRIOR_RUNS * 0.5) / 50)  # one node a run: c(2) - c(1)
     assert auto.worth_running("ssm") == "pays"
     names = ["ssm", "ngram"]
     tree = TokenTree.with_root(1)
@@ -165,11 +191,13 @@ def test_an_ssm_pays_for_the_verify_time_its_nodes_add_too():
     tree.add(copied, 12, 1, 1.0, conf_bin=3)  # both proposed it: a free drafter's too
     tree.mark_contested()
     auto.observe(tree, [], names, ["ssm"], 12.0)  # none accepted: gain 0.34 -> 17 / 51; 2 ms over c_verify(1)
-    assert auto.verify_ms["ssm"] == pytest.approx(2 / 4 * 2.0)  # its 2 of the 4 nodes, not the others
-    assert 2.5 < auto.gain("ssm") * 10.0 < 2.5 + auto.verify_ms["ssm"]
+    assert auto.answer["ssm"].verify_ms == pytest.approx(38.0 + 2 / 4 * 2.0)  # its 2 of the 4 nodes, not the others
+    assert auto.node_ms == pytest.approx(0.5)
+    assert 2.5 < auto.gain("ssm") * 10.0 < auto.run_cost("ssm")
     assert auto.worth_running("ssm") is None
     auto.observe(tree, [], names, ["ssm"], 10_000.0)  # a stalled step: at most c_verify(1) a node
-    assert auto.verify_ms["ssm"] == pytest.approx(1.0 + 0.25 * (2 * 10.0 - 1.0))
+    assert auto.answer["ssm"].verify_ms == pytest.approx(39.0 + 2 * 10.0)
+    assert auto.node_ms == pytest.approx(0.5 + 0.25 * (10.0 - 0.5))
 
 
 def test_each_answer_judges_an_ssm_afresh_from_an_optimistic_prior():
@@ -181,8 +209,8 @@ def test_each_answer_judges_an_ssm_afresh_from_an_optimistic_prior():
     from spectui.engine.auto_tree import GAIN_PRIOR, PRIOR_RUNS, AutoDrafting
     from spectui.engine.costs import CostModel
 
-    costs = CostModel({1: 10.0, 2: 10.0})  # a free node: only the 3 ms run is judged
-    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}), run_ms={"ssm": 3.0})
+    costs = CostModel({1: 10.0, 2: 10.0}, draft_ms={"ssm": 3.0})  # a free node: only the 3 ms run is judged
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={"ssm": "model"}))
     names = ["ssm"]
 
     def step(accepted: bool) -> str | None:
@@ -258,7 +286,7 @@ def test_drafting_cost_is_a_steps_forwards_not_a_long_catch_up():
     auto.draft(list(range(62)), [drafter], "union")  # a usual step: 2 tokens, 4 ms
     assert drafter.fed_last <= STEADY_CATCH_UP and 1.5 < costs.draft("ssm") < 10.0
     # the run is judged by all of it: the 4 ms catch-up and every level, not its last forward
-    assert auto.run_ms["ssm"] >= 0.95 * (4.0 + 2.0 * drafter.levels)
+    assert auto.answer["ssm"].steady == 1 and auto.answer["ssm"].run_ms >= 0.95 * (4.0 + 2.0 * drafter.levels)
 
 
 def test_a_steps_costs_are_the_models_each_asked_once():
