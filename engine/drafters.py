@@ -215,8 +215,10 @@ class NGramDrafter:
             length = 1
             while length < longest and position - length >= 0 and committed[position - length] == committed[n_total - 1 - length]:
                 length += 1
+            if length < self.min_ngram:  # most of the 256 occurrences: no continuation to cut
+                continue
             follow = self._until_boundary(committed[position + 1 : position + 1 + depth])
-            if length >= self.min_ngram and follow:
+            if follow:
                 found.append((length, position, follow))
         found.sort(key=lambda item: (-item[0], -item[1]))
         out: list[tuple[list[int], int]] = []
