@@ -1,6 +1,7 @@
 /* Dense bf16-weight matmul for few rows: a drafter's layers, the output layer's argmax screen
- * (kernels/dense_cpu.py). Two paths: spectui_dense_bf16 (AVX2 + FMA, x in fp32) and, at the end of
- * this file, spectui_dot_bf16 (AVX512-BF16, x in bf16).
+ * (kernels/dense_cpu.py). Two paths: spectui_dense_bf16 (AVX2 + FMA, x in fp32; its int8-weight twin
+ * spectui_dense_int8_x16 takes the feature head's layer) and, at the end of this file,
+ * spectui_dot_bf16 (AVX512-BF16, x in bf16).
  *
  *     y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n])      x fp32 [M, K], W bf16 [N, K], y fp32
  *
@@ -32,38 +33,63 @@
 #include "bf16.h"
 
 #define M_BLOCK 64
-#define PREFETCH_ROWS 8 /* weight rows ahead of those being multiplied (4 to 16 did about as well) */
+#define PREFETCH_ROWS 8 /* bf16 weight rows ahead of those being multiplied (4 to 16 did about as well); int8
+                         * rows as many bytes ahead, twice the rows (the feature head's layer in a drafting
+                         * step: 548 us a call, against 569 with 8 int8 rows ahead and 642 in bf16) */
+
+/* Weights in bf16 or int8. An int8 layer (the feature head's on AVX2 CPUs, kernels/head_layer.py) is
+ * kept as q [N, K] int8 with one scale a row, W[n, k] ~ scale[n] q[n, k] (scale = max_k |W[n, k]| / 127),
+ * and its products are scale[n] * sum_k x[m, k] q[n, k]: half the bytes of bf16, where those bytes are
+ * the cost (the weights come from memory every drafting step). The loops below take the format as a
+ * constant `int8` (0: bf16) and are built once for each. */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* 8 weights of a row at element k, as fp32: a bf16's exact widening, or an int8 code */
+ALWAYS_INLINE __m256 weights8(const char *row, int64_t k, const int int8) {
+    if (int8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
+    return widen8((const uint16_t *)row + k);
+}
+
+/* weight row n of W [N, K] (a prefetch past W's end never faults: rows past N are only prefetched) */
+ALWAYS_INLINE const char *row_at(const void *w, int64_t n, int64_t K, const int int8) {
+    return (const char *)w + n * K * (int8 ? 1 : 2);
+}
+
+/* At the first k of each cache line of a row's stream, the line PREFETCH_ROWS bf16 rows' bytes on. */
+ALWAYS_INLINE void prefetch_ahead(const char *row, int64_t K, int64_t k, const int int8) {
+    if ((k & (int8 ? 63 : 31)) == 0) _mm_prefetch(row + 2 * PREFETCH_ROWS * K + k * (int8 ? 1 : 2), _MM_HINT_T0);
+}
+
+/* a row's sum as stored: times the row's scale for int8, plus its bias */
+ALWAYS_INLINE float finish(float sum, const float *scale, const float *bias, int64_t n) {
+    return (scale ? sum * scale[n] : sum) + (bias ? bias[n] : 0.0f);
+}
 
 /* One input row against weight rows n0 .. n0 + 3. */
-static void row_by_4(int64_t n0, int64_t K, const float *x, const uint16_t *w, float out[4]) {
-    const uint16_t *w0 = w + n0 * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+ALWAYS_INLINE void row_by_4(int64_t n0, int64_t K, const float *x, const void *w, float out[4], const int int8) {
+    const char *w0 = row_at(w, n0, K, int8), *w1 = row_at(w, n0 + 1, K, int8);
+    const char *w2 = row_at(w, n0 + 2, K, int8), *w3 = row_at(w, n0 + 3, K, int8);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t k = 0; k < K; k += 8) {
-        if ((k & 31) == 0) { /* a cache line of each row PREFETCH_ROWS on (past W's end: a prefetch never faults) */
-            _mm_prefetch((const char *)(w0 + PREFETCH_ROWS * K + k), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w1 + PREFETCH_ROWS * K + k), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w2 + PREFETCH_ROWS * K + k), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w3 + PREFETCH_ROWS * K + k), _MM_HINT_T0);
-        }
+        prefetch_ahead(w0, K, k, int8), prefetch_ahead(w1, K, k, int8);
+        prefetch_ahead(w2, K, k, int8), prefetch_ahead(w3, K, k, int8);
         __m256 u = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(u, widen8(w0 + k), a0);
-        a1 = _mm256_fmadd_ps(u, widen8(w1 + k), a1);
-        a2 = _mm256_fmadd_ps(u, widen8(w2 + k), a2);
-        a3 = _mm256_fmadd_ps(u, widen8(w3 + k), a3);
+        a0 = _mm256_fmadd_ps(u, weights8(w0, k, int8), a0);
+        a1 = _mm256_fmadd_ps(u, weights8(w1, k, int8), a1);
+        a2 = _mm256_fmadd_ps(u, weights8(w2, k, int8), a2);
+        a3 = _mm256_fmadd_ps(u, weights8(w3, k, int8), a3);
     }
     out[0] = hsum(a0); out[1] = hsum(a1); out[2] = hsum(a2); out[3] = hsum(a3);
 }
 
 /* Four input rows (xs) against weight rows n0, n0 + 1: each widened vector serves all four rows. */
-static void rows4_by_2(int64_t n0, int64_t K, const float *const xs[4], const uint16_t *w, float out[4][2]) {
-    const uint16_t *w0 = w + n0 * K, *w1 = w0 + K;
+ALWAYS_INLINE void rows4_by_2(int64_t n0, int64_t K, const float *const xs[4], const void *w, float out[4][2],
+                              const int int8) {
+    const char *w0 = row_at(w, n0, K, int8), *w1 = row_at(w, n0 + 1, K, int8);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int64_t k = 0; k < K; k += 8) {
-        if ((k & 31) == 0) {
-            _mm_prefetch((const char *)(w0 + PREFETCH_ROWS * K + k), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w1 + PREFETCH_ROWS * K + k), _MM_HINT_T0);
-        }
-        __m256 d = widen8(w0 + k), e = widen8(w1 + k), u;
+        prefetch_ahead(w0, K, k, int8), prefetch_ahead(w1, K, k, int8);
+        __m256 d = weights8(w0, k, int8), e = weights8(w1, k, int8), u;
         u = _mm256_loadu_ps(xs[0] + k); a0 = _mm256_fmadd_ps(u, d, a0); b0 = _mm256_fmadd_ps(u, e, b0);
         u = _mm256_loadu_ps(xs[1] + k); a1 = _mm256_fmadd_ps(u, d, a1); b1 = _mm256_fmadd_ps(u, e, b1);
         u = _mm256_loadu_ps(xs[2] + k); a2 = _mm256_fmadd_ps(u, d, a2); b2 = _mm256_fmadd_ps(u, e, b2);
@@ -73,25 +99,26 @@ static void rows4_by_2(int64_t n0, int64_t K, const float *const xs[4], const ui
     out[0][1] = hsum(b0); out[1][1] = hsum(b1); out[2][1] = hsum(b2); out[3][1] = hsum(b3);
 }
 
-static float dot1(int64_t K, const float *x, const uint16_t *wn) {
+ALWAYS_INLINE float dot1(int64_t K, const float *x, const void *w, int64_t n, const int int8) {
+    const char *row = row_at(w, n, K, int8);
     __m256 a = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), widen8(wn + k), a);
+    for (int64_t k = 0; k < K; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), weights8(row, k, int8), a);
     return hsum(a);
 }
 
-/* y [M, ldy] = x [M, ldx] @ W^T + bias (bias may be NULL); W [N, K] bf16 as uint16, K % 8 == 0. */
-int spectui_dense_bf16(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint16_t *w,
-                       const float *bias, float *y, int64_t ldy, int threads) {
+/* y [M, ldy] = x [M, ldx] @ W^T (+ bias), W [N, K] (K % 8 == 0) in bf16, or int8 with its row scales. */
+ALWAYS_INLINE void dense(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const void *w,
+                         const float *scale, const float *bias, float *y, int64_t ldy, int threads, const int int8) {
     const int nthreads = threads > 0 ? threads : 1;
     if (M == 1) {
 #pragma omp parallel for schedule(static) num_threads(nthreads)
         for (int64_t g = 0; g < N / 4; g++) {
             float out[4];
-            row_by_4(g * 4, K, x, w, out);
-            for (int r = 0; r < 4; r++) y[g * 4 + r] = out[r] + (bias ? bias[g * 4 + r] : 0.0f);
+            row_by_4(g * 4, K, x, w, out, int8);
+            for (int r = 0; r < 4; r++) y[g * 4 + r] = finish(out[r], scale, bias, g * 4 + r);
         }
-        for (int64_t n = N / 4 * 4; n < N; n++) y[n] = dot1(K, x, w + n * K) + (bias ? bias[n] : 0.0f);
-        return 0;
+        for (int64_t n = N / 4 * 4; n < N; n++) y[n] = finish(dot1(K, x, w, n, int8), scale, bias, n);
+        return;
     }
     for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
         const int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
@@ -103,30 +130,37 @@ int spectui_dense_bf16(int64_t M, int64_t N, int64_t K, const float *x, int64_t 
                 const float *xs[4];
                 for (int i = 0; i < 4; i++) xs[i] = x + (m + (i < rows ? i : rows - 1)) * ldx; /* missing rows repeat the last */
                 float out[4][2];
-                rows4_by_2(n0, K, xs, w, out);
+                rows4_by_2(n0, K, xs, w, out, int8);
                 for (int i = 0; i < rows; i++) {
-                    y[(m + i) * ldy + n0] = out[i][0] + (bias ? bias[n0] : 0.0f);
-                    y[(m + i) * ldy + n0 + 1] = out[i][1] + (bias ? bias[n0 + 1] : 0.0f);
+                    y[(m + i) * ldy + n0] = finish(out[i][0], scale, bias, n0);
+                    y[(m + i) * ldy + n0 + 1] = finish(out[i][1], scale, bias, n0 + 1);
                 }
             }
         }
         if (N % 2)
             for (int64_t m = m0; m < m1; m++)
-                y[m * ldy + N - 1] = dot1(K, x + m * ldx, w + (N - 1) * K) + (bias ? bias[N - 1] : 0.0f);
+                y[m * ldy + N - 1] = finish(dot1(K, x + m * ldx, w, N - 1, int8), scale, bias, N - 1);
     }
+}
+
+/* y [M, ldy] = x [M, ldx] @ W^T + bias (bias may be NULL); W [N, K] bf16 as uint16, K % 8 == 0. */
+int spectui_dense_bf16(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint16_t *w,
+                       const float *bias, float *y, int64_t ldy, int threads) {
+    dense(M, N, K, x, ldx, w, NULL, bias, y, ldy, threads, 0);
     return 0;
 }
 
-/* The same product for x in bf16 [M, ldx] (kernels/head_layer.c's rows on AVX2 CPUs, where its products
- * read bf16 inputs as spectui_dot_bf16's do): x widened to fp32 (exact, widen8), then spectui_dense_bf16.
- * Returns 0, or 1 if memory could not be allocated. */
-int spectui_dense_bf16_x16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
+/* The same for an int8 layer, x in bf16 [M, ldx] (kernels/head_layer.c's rows on AVX2 CPUs, where its
+ * products read bf16 inputs as spectui_dot_bf16's do): x widened to fp32 (exact, widen8); `layer` is one
+ * block: the N row scales (fp32), then q [N, K] int8. Returns 0, or 1 if memory could not be allocated. */
+int spectui_dense_int8_x16(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const void *layer,
                            const float *bias, float *y, int64_t ldy, int threads) {
     float *wide = (float *)malloc(sizeof(float) * M * K); /* [M, K] */
     if (wide == NULL) return 1;
     for (int64_t m = 0; m < M; m++)
         for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(wide + m * K + k, widen8(x + m * ldx + k));
-    spectui_dense_bf16(M, N, K, wide, K, w, bias, y, ldy, threads);
+    const float *scale = (const float *)layer;
+    dense(M, N, K, wide, K, scale + N, scale, bias, y, ldy, threads, 1);
     free(wide);
     return 0;
 }

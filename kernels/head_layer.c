@@ -17,7 +17,8 @@
  * sums and everything between products stay fp32. The key/value cache is the drafter's own, bf16
  * [Hkv, cap, D] per tensor (fp32 with kv_fp32: a drafter in fp32, on AVX2 CPUs); this call writes the
  * rows' keys and values at slots used .. used + T - 1. The products: dense_cpu.c's spectui_dot_bf16
- * (AVX512-BF16) or, on other AVX2 CPUs, its spectui_dense_bf16_x16 (bf16 weights widened to fp32).
+ * (AVX512-BF16) or, on other AVX2 CPUs, its spectui_dense_int8_x16 (int8 weights, a scale a row, widened to
+ * fp32): the weights are passed as the product reads them, bf16 [N, K] or that int8 block.
  * Row t sees slot j when mask[t * (used + T) + j] != 0, or, without a mask, when j <= used + t (causal).
  * prev_t is f_{t-1} (P = H), or f_{t-1} ; e(x_{t-1}) for a head that reads the previous token (P = 2H).
  */
@@ -32,7 +33,7 @@
 
 #define MAX_D 256 /* head_dim: a multiple of 16 up to this */
 
-typedef int (*dot_fn)(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
+typedef int (*dot_fn)(int64_t M, int64_t N, int64_t K, const uint16_t *x, int64_t ldx, const void *w,
                       const float *bias, float *y, int64_t ldy, int threads);
 
 /* out[t] = bf16(w * x[t] / sqrt(mean(x[t]^2) + eps)), x [T, n] fp32 */
@@ -63,9 +64,9 @@ static void rotate(float *x, int64_t D, const float *cosv, const float *sinv) {
 
 int spectui_head_layer(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I, int64_t P,
                        const int64_t *tokens, const uint16_t *embed, const uint16_t *prev, const int64_t *positions,
-                       const float *inv_freq, const uint16_t *fc_w, const float *fc_b, const float *norm_in,
-                       const uint16_t *qkv_w, const uint16_t *o_w, const float *norm_post, const uint16_t *gu_w,
-                       const uint16_t *down_w, float eps, void *kcache, void *vcache, int64_t cap,
+                       const float *inv_freq, const void *fc_w, const float *fc_b, const float *norm_in,
+                       const void *qkv_w, const void *o_w, const float *norm_post, const void *gu_w,
+                       const void *down_w, float eps, void *kcache, void *vcache, int64_t cap,
                        int64_t used, const uint8_t *mask, uint16_t *out, void *dot_address, int threads,
                        int kv_fp32) {
     const dot_fn dot = (dot_fn)dot_address;

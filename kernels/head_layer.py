@@ -3,11 +3,17 @@
 engine/feature_head.py's torch forward spends most of a drafting level's time dispatching some 25
 small ops (1.2 ms for two rows, of which the products are 0.3). `head_layer()` gives a HeadLayer
 where both libraries build: its products are dense_cpu.c's bf16 dot on CPUs with AVX512-BF16 (a
-drafter in bf16, its cache bf16), its bf16-weight product with the rows widened to fp32 on other
+drafter in bf16, its cache bf16), its int8-weight product with the rows widened to fp32 on other
 AVX2 CPUs (a drafter in fp32, its cache fp32); else None and the head keeps torch's ops. It
 computes in fp32 between bf16 products, the torch path in bf16: drafts, not the verifier's tokens,
 so the two need only agree closely (tests/kernels/test_head_layer.py bounds the difference and
 checks the cache writes).
+
+Int8 weights (one scale a row, `int8_layer`) on AVX2: a drafting step's layer reads its 4.2 M weights
+from memory (the verifier's pass in between evicts them), and half the bytes of bf16 took a call from
+642 to 548 us in drafting steps on the Vicuna questions (2-core AVX2 EPYC, both in one process); the
+head's top-1 agreement with the verifier on the evaluation answers moved by 0.1 point, less than its
+noise (docs/performance.md, stop 55).
 """
 
 from __future__ import annotations
@@ -36,19 +42,29 @@ def f32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(torch.float32).contiguous()
 
 
+def int8_layer(w: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> the block dense_cpu.c's spectui_dense_int8_x16 reads (uint8 [4 N + N K]): the row scales
+    s = max_k |W[n, k]| / 127 (fp32), then q = round(W / s) [N, K] int8, so that W[n, k] ~ s[n] q[n, k]."""
+    w = w.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)  # [N]
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [N, K]
+    return torch.cat([scale.contiguous().view(torch.uint8), q.reshape(-1).view(torch.uint8)])
+
+
 class HeadLayer:
     """(tokens, prev features, positions, the drafter's cache, used slots, mask) -> the layer's output
     rows, bf16 [T, H]; the rows' keys and values are written into the cache at slots used .. used + T - 1."""
 
     def __init__(self, fn, dot_address: int, weights: dict, embed: torch.Tensor, heads: int, kv_heads: int,
-                 head_dim: int, rope_theta: float, eps: float) -> None:
+                 head_dim: int, rope_theta: float, eps: float, int8: bool = False) -> None:
         self.fn, self.dot = fn, dot_address
-        self.w = {name: (bf16(w) if name.endswith("_w") else f32(w)) for name, w in weights.items()}
+        weight = int8_layer if int8 else bf16  # the products' format (product_name)
+        self.w = {name: (weight(w) if name.endswith("_w") else f32(w)) for name, w in weights.items()}
         self.embed = bf16(embed)  # [V, H]
         self.H = self.embed.shape[1]
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.I = self.w["down_w"].shape[1]
-        self.P = self.w["fc_w"].shape[1] - self.H  # the width of prev: H, or 2H for a prev_token head
+        self.I = weights["down_w"].shape[1]
+        self.P = weights["fc_w"].shape[1] - self.H  # the width of prev: H, or 2H for a prev_token head
         self.inv_freq = 1.0 / rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [D/2]
         self.eps = eps
 
@@ -66,7 +82,7 @@ class HeadLayer:
         out = torch.empty(T, self.H, dtype=torch.bfloat16)
         w = self.w
         if prev.shape != (T, self.P):
-            raise ValueError(f"prev rows {tuple(prev.shape)} do not fit the layer's input {tuple(self.w['fc_w'].shape)}")
+            raise ValueError(f"prev rows {tuple(prev.shape)} do not fit the layer's input width {self.H + self.P}")
         status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, self.P, tok.data_ptr(),
                          self.embed.data_ptr(), prev.data_ptr(), pos.data_ptr(), self.inv_freq.data_ptr(),
                          w["fc_w"].data_ptr(), w["fc_b"].data_ptr(), w["norm_in"].data_ptr(), w["qkv_w"].data_ptr(),
@@ -85,8 +101,8 @@ def prepare(folder: Path | None) -> None:
 
 
 def product_name() -> str:
-    """dense_cpu.c's product the layer calls: vdpbf16ps with AVX512-BF16, else bf16 weights read with AVX2."""
-    return "spectui_dot_bf16" if torch.cpu._is_avx512_bf16_supported() else "spectui_dense_bf16_x16"
+    """dense_cpu.c's product the layer calls: vdpbf16ps with AVX512-BF16, else int8 weights read with AVX2."""
+    return "spectui_dot_bf16" if torch.cpu._is_avx512_bf16_supported() else "spectui_dense_int8_x16"
 
 
 def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, head_dim: int, rope_theta: float,
@@ -99,4 +115,5 @@ def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, he
     fn, _ = native.function("head_layer", "spectui_head_layer", ARGTYPES, folder)
     if dot is None or fn is None:
         return None
-    return HeadLayer(fn, ct.cast(dot, ct.c_void_p).value, weights, embed, heads, kv_heads, head_dim, rope_theta, eps)
+    return HeadLayer(fn, ct.cast(dot, ct.c_void_p).value, weights, embed, heads, kv_heads, head_dim, rope_theta, eps,
+                     int8=product_name() == "spectui_dense_int8_x16")

@@ -1,5 +1,6 @@
-"""The drafters' dense kernel (kernels/dense_cpu.c): x @ W^T (+ b) over bf16 weights, for any number
-of rows, threads and output sizes, and where it is wired in (LeanModel's SSM path, the feature head)."""
+"""The drafters' dense kernel (kernels/dense_cpu.c): x @ W^T (+ b) over bf16 weights, or int8 weights with
+a scale a row, for any number of rows, threads and output sizes, and where it is wired in (LeanModel's SSM
+path, the feature head)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from spectui.kernels import dense_cpu, native
+from spectui.kernels.head_layer import int8_layer
 
 pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() is None,
                                 reason="the kernel needs x86-64 with AVX2/FMA and a C compiler")
@@ -38,6 +40,33 @@ def test_matches_the_fp32_product_over_the_same_weights(M, N, K, threads):
     assert got.shape == (M, N) and got.dtype == torch.float32 and plain.shape == (M, 1, N)
     assert (got.double() - want - bias.double()).abs().max() <= 1e-5 * scale + 1e-6
     assert (plain[:, 0].double() - want).abs().max() <= 1e-5 * scale + 1e-6
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 9, 70])
+@pytest.mark.parametrize("N,K", [(64, 32), (30, 16), (7, 8), (960, 576)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_int8_product_is_the_fp32_product_over_its_dequantised_weights(M, N, K, threads):
+    fn, why = native.function("dense_cpu", "spectui_dense_int8_x16", dense_cpu.ARGTYPES)
+    assert fn is not None, why
+    torch.manual_seed(M * 1000 + N + K)
+    weight, bias = torch.randn(N, K), torch.randn(N)
+    x = torch.randn(M, K).to(torch.bfloat16)  # the head layer's rows: bf16, widened exactly
+    layer = int8_layer(weight)
+    scale = layer[: 4 * N].view(torch.float32)  # [N]
+    q = layer[4 * N :].view(torch.int8).view(N, K)
+    assert (scale * 127 - weight.abs().amax(dim=1)).abs().max() <= 1e-6 * weight.abs().max()
+    assert (scale[:, None] * q - weight).abs().max() <= scale.max() / 2 * (1 + 1e-5)  # round to nearest
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = torch.empty(M, N)
+        fn(M, N, K, x.data_ptr(), K, layer.data_ptr(), bias.data_ptr(), got.data_ptr(), N, threads)
+    finally:
+        torch.set_num_threads(previous)
+    sums = x.double() @ q.double().T  # [M, N]: exact in fp32 lanes up to the sum's rounding
+    want = sums * scale.double() + bias.double()
+    bound = (x.double().abs() @ q.double().abs().T) * scale.double()
+    assert (got.double() - want).abs().max() <= (1e-5 * bound + 1e-5).max()
 
 
 def test_rows_do_not_depend_on_their_neighbours():
