@@ -3,8 +3,9 @@
 A random FeatureHead: the C layer's output rows and the keys/values it writes into the cache must
 match the fp32 torch forward to within 2 % (the C path rounds each product's input to bf16, and on
 AVX2 CPUs without AVX512-BF16 reads its weights in int8, a scale a row), for a causal catch-up after
-cached slots and for a tree level whose rows see only some slots, with the drafter's cache in bf16 (a bf16 drafter, AVX512-BF16 CPUs) or fp32 (an fp32 one,
-other AVX2 CPUs); and a FeatureDrafter drafts through it where `use_kernels` builds it.
+cached slots and for a tree level whose rows see only some slots, with the drafter's cache in bf16
+(a bf16 drafter, AVX512-BF16 CPUs) or fp32 (an fp32 one, other AVX2 CPUs); and a FeatureDrafter
+drafts through it where `use_kernels` builds it.
 """
 
 from __future__ import annotations

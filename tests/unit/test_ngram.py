@@ -42,13 +42,26 @@ def test_matches_rank_longest_suffix_first_with_its_length():
     assert drafter.matches(committed, depth=3, branches=1) == [found[0]]
 
 
-def test_matches_need_min_ngram_and_an_earlier_occurrence():
-    drafter = NGramDrafter(min_ngram=2)
+def test_matches_need_min_match_and_an_earlier_occurrence():
+    drafter = NGramDrafter(min_match=2)
     assert drafter.matches([4, 5, 6]) == []
-    assert drafter.matches([1, 4, 2, 4]) == []  # a single-token match is below min_ngram
+    assert drafter.matches([1, 4, 2, 4]) == []  # a single-token match is below min_match
     tree = TokenTree.with_root(4)
     drafter.draft_matches([1, 4, 2, 1, 4], tree, 0)
     assert tree.tokens[1:] == [2, 1, 4] and tree.evidence[1] == {0: 2}
+
+
+def test_the_adaptive_tree_takes_single_token_matches_and_fixed_trees_do_not():
+    drafter = NGramDrafter()  # min_match 1 (matches, the auto tree), min_ngram 2 (propose, fixed trees)
+    committed = [9, 4, 2, 7, 3, 4]  # the newest token, 4, came before once, after 9 (not after 3)
+    assert drafter.matches(committed, depth=3) == [([2, 7, 3], 1)]
+    assert drafter.propose(committed) == []
+    tree = TokenTree.with_root(4)
+    drafter.draft_matches(committed, tree, 0)
+    assert tree.tokens[1:] == [2, 7, 3, 4] and tree.evidence[1] == {0: 1}  # to the end; a 1-token match's bin
+    # a longer match still comes first, then the most recent single-token one with another first token
+    longer = [5, 4, 8, 6, 3, 4, 1, 3, 4]  # "3 4" at 4..5 (followed by 1), "4" alone at 1 (followed by 8)
+    assert drafter.matches(longer, depth=2) == [([1, 3], 2), ([8, 6], 1)]
 
 
 def test_continuations_stop_before_a_boundary_token():
