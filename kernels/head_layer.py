@@ -111,9 +111,10 @@ def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, he
     libraries build (x86 with AVX2), else None."""
     if head_dim % 16 or head_dim > MAX_HEAD_DIM or heads % kv_heads or embed.device.type != "cpu":
         return None
-    dot, _ = native.function("dense_cpu", product_name(), dense_cpu.ARGTYPES, folder)
+    product = product_name()
+    dot, _ = native.function("dense_cpu", product, dense_cpu.ARGTYPES, folder)
     fn, _ = native.function("head_layer", "spectui_head_layer", ARGTYPES, folder)
     if dot is None or fn is None:
         return None
     return HeadLayer(fn, ct.cast(dot, ct.c_void_p).value, weights, embed, heads, kv_heads, head_dim, rope_theta, eps,
-                     int8=product_name() == "spectui_dense_int8_x16")
+                     int8=product == "spectui_dense_int8_x16")
