@@ -102,7 +102,7 @@ class Cell:
 class AcceptanceModel:
     kinds: dict[str, str] = field(default_factory=dict)  # speculator -> "model" | "ngram"
     cells: dict[tuple[str, int, int, bool], Cell] = field(default_factory=dict)  # (speculator, depth bucket, bin, contested)
-    _means: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)  # mean_for's, until the next observe
+    _totals: dict[tuple[str, int], list[float]] = field(default_factory=dict, repr=False)  # (speculator, depth bucket) -> [hits, trials] over its cells
 
     def prior(self, speculator: str, conf_bin: int, contested: bool = False) -> float:
         scale = CONTESTED_PRIOR if contested else 1.0
@@ -122,7 +122,6 @@ class AcceptanceModel:
         return max((self.cell(s, depth, b, contested).mean for s, b in evidence.items()), default=0.0)
 
     def observe(self, evidence: dict[str, int], depth: int, accepted: bool, contested: bool = False) -> None:
-        self._means.clear()
         for speculator, conf_bin in evidence.items():
             cell = self.cell(speculator, depth, conf_bin, contested)
             cell.predicted_sum += cell.mean
@@ -130,19 +129,15 @@ class AcceptanceModel:
             cell.seen_hits += accepted
             cell.trials += 1
             cell.hits += accepted
+            total = self._totals.setdefault((speculator, depth_bucket(depth)), [0.0, 0.0])
+            total[0] += accepted
+            total[1] += 1
 
     def mean_for(self, speculator: str, depth: int) -> float:
         """Observed acceptance of a speculator's nodes at this depth (all bins), its prior if unseen."""
-        key = (speculator, depth_bucket(depth))
-        if key in self._means:
-            return self._means[key]
-        hits = trials = 0.0
-        for (s, b, _, _), cell in self.cells.items():
-            if s == speculator and b == key[1]:
-                hits, trials = hits + cell.hits, trials + cell.trials
+        hits, trials = self._totals.get((speculator, depth_bucket(depth)), (0.0, 0.0))
         fallback = self.prior(speculator, PROB_BINS - 1 if self.kinds.get(speculator) != "ngram" else 0)
-        self._means[key] = mean = (hits + PRIOR_WEIGHT * fallback) / (trials + PRIOR_WEIGHT)
-        return mean
+        return (hits + PRIOR_WEIGHT * fallback) / (trials + PRIOR_WEIGHT)
 
     def calibration(self) -> list[dict]:
         """Per cell observed in this process: speculator, depth bucket, confidence bin, trials, the mean
@@ -193,4 +188,9 @@ class AcceptanceModel:
             cell = self.cells.setdefault((speculator, bucket, conf_bin, contested),
                                          Cell(self.prior(speculator, conf_bin, contested)))
             cell.hits, cell.trials = hits * scale, trials * scale
+        self._totals.clear()  # mean_for's sums, over the cells as they now stand
+        for (speculator, bucket, _, _), cell in self.cells.items():
+            total = self._totals.setdefault((speculator, bucket), [0.0, 0.0])
+            total[0] += cell.hits
+            total[1] += cell.trials
         return True

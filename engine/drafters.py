@@ -129,15 +129,15 @@ class ModelDrafter:
 
 
 def hang_top(tree: TokenTree, source: int, parents: list[int], logits: torch.Tensor, width: int,
-             vocab: torch.Tensor | None = None) -> list[int]:
+             vocab: list[int] | None = None) -> list[int]:
     """Hang each parent's top-`width` tokens of softmax(logits[row]) ([F, V']) under parents[row], with
-    their probability and confidence bin; `vocab` maps column j to its token id (default: j itself).
+    their probability and confidence bin; `vocab[j]` is column j's token id (default: j itself).
     Returns the ids of the new candidates."""
     columns, probs = softmax_top(logits.float().contiguous(), width, softmax_top_function())  # [F, width] each
-    tokens = columns if vocab is None else vocab[columns]  # [F, width] token ids
     added = []
-    for parent, row_tokens, row_probs in zip(parents, tokens.tolist(), probs.tolist()):
-        for token, prob in zip(row_tokens, row_probs):
+    for parent, row_columns, row_probs in zip(parents, columns.tolist(), probs.tolist()):
+        for column, prob in zip(row_columns, row_probs):
+            token = column if vocab is None else vocab[column]
             added.append(tree.add(parent, token, source, prob, prob_bin(prob)))
     return added
 

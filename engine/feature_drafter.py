@@ -53,6 +53,7 @@ class FeatureDrafter:
         self.head = head
         c = head.config
         self.dtype = head.fc.weight.dtype
+        self.vocab: list[int] = head.vocab_ids.tolist()  # draft column j -> token id (the head's, as it is now)
         self.features = torch.zeros(MIN_CAPACITY, c.hidden, dtype=self.dtype)  # [capacity, H]: f_p at row p
         self.known = 0  # features known for positions 0 .. known-1
         self.tokens: list[int] = []  # committed tokens at positions 0 .. offset + fed
@@ -160,7 +161,7 @@ class FeatureDrafter:
 
     # ------------------------------------------------------------ drafting
     def _hang(self, tree: TokenTree, source: int, parents: list[int], features: torch.Tensor, width: int) -> list[int]:
-        return hang_top(tree, source, parents, self.head.draft_logits(features), width, self.head.vocab_ids)  # [F, Vd]
+        return hang_top(tree, source, parents, self.head.draft_logits(features), width, self.vocab)  # [F, Vd]
 
     def begin(self, committed: list[int], tree: TokenTree, source: int, width: int) -> list[int]:
         root = self.catch_up(committed)  # [H]

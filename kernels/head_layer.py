@@ -67,6 +67,10 @@ class HeadLayer:
         self.P = weights["fc_w"].shape[1] - self.H  # the width of prev: H, or 2H for a prev_token head
         self.inv_freq = 1.0 / rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [D/2]
         self.eps = eps
+        w = self.w  # the weights' addresses, in the call's order (they live as long as self)
+        self.weight_ptrs = (self.embed.data_ptr(), w["fc_w"].data_ptr(), w["fc_b"].data_ptr(), w["norm_in"].data_ptr(),
+                            w["qkv_w"].data_ptr(), w["o_w"].data_ptr(), w["norm_post"].data_ptr(), w["gu_w"].data_ptr(),
+                            w["down_w"].data_ptr())
 
     def __call__(self, tokens: list[int], prev: torch.Tensor, positions: list[int], kv: torch.Tensor, used: int,
                  mask: torch.Tensor | None) -> torch.Tensor:
@@ -75,19 +79,16 @@ class HeadLayer:
         if kv.dtype not in (torch.bfloat16, torch.float32) or not kv.is_contiguous():
             raise ValueError(f"the drafter's cache must be contiguous bf16 or fp32, not {kv.dtype}")
         T = len(tokens)
-        tok = torch.tensor(tokens, dtype=torch.int64)
-        pos = torch.tensor(positions, dtype=torch.int64)
+        tok, pos = (I64 * T)(*tokens), (I64 * T)(*positions)  # a ctypes array is a tenth of torch.tensor's cost
         prev = prev.to(torch.bfloat16).contiguous()
         m = None if mask is None else mask.to(torch.uint8).contiguous()
         out = torch.empty(T, self.H, dtype=torch.bfloat16)
-        w = self.w
         if prev.shape != (T, self.P):
             raise ValueError(f"prev rows {tuple(prev.shape)} do not fit the layer's input width {self.H + self.P}")
-        status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, self.P, tok.data_ptr(),
-                         self.embed.data_ptr(), prev.data_ptr(), pos.data_ptr(), self.inv_freq.data_ptr(),
-                         w["fc_w"].data_ptr(), w["fc_b"].data_ptr(), w["norm_in"].data_ptr(), w["qkv_w"].data_ptr(),
-                         w["o_w"].data_ptr(), w["norm_post"].data_ptr(), w["gu_w"].data_ptr(), w["down_w"].data_ptr(),
-                         self.eps, kv[0].data_ptr(), kv[1].data_ptr(), kv.shape[2], used,
+        embed, fc_w, fc_b, norm_in, qkv_w, o_w, norm_post, gu_w, down_w = self.weight_ptrs
+        status = self.fn(T, self.H, self.heads, self.kv_heads, self.head_dim, self.I, self.P, ct.addressof(tok), embed,
+                         prev.data_ptr(), ct.addressof(pos), self.inv_freq.data_ptr(), fc_w, fc_b, norm_in, qkv_w, o_w,
+                         norm_post, gu_w, down_w, self.eps, kv[0].data_ptr(), kv[1].data_ptr(), kv.shape[2], used,
                          None if m is None else m.data_ptr(), out.data_ptr(), self.dot, torch.get_num_threads(),
                          int(kv.dtype == torch.float32))
         if status:

@@ -95,6 +95,8 @@ def test_saved_acceptance_is_capped_and_ignores_strangers(tmp_path):
     assert cell.trials == REMEMBERED and cell.hits == 0.75 * REMEMBERED  # the rate kept, the weight capped
     assert fresh.cell("ssm", 1, 7, contested=True).trials == 1 and fresh.cell("ssm", 1, 7, True).hits == 0
     assert all(s == "ssm" for s, _, _, _ in fresh.cells)
+    hits, trials = 0.75 * REMEMBERED, REMEMBERED + 1  # the depth's mean reads the capped cells, both of them
+    assert fresh.mean_for("ssm", 1) == pytest.approx((hits + 4 * fresh.prior("ssm", 9)) / (trials + 4))
     (tmp_path / "v1.json").write_text('{"version": 1, "cells": [["ssm", 0, 7, 30, 40]]}', encoding="utf-8")
     older = AcceptanceModel(kinds={"ssm": "model"})  # a file saved before contested cells: read as uncontested
     assert older.load(tmp_path / "v1.json") and older.cell("ssm", 1, 7).trials == 40 and len(older.cells) == 1
