@@ -257,15 +257,20 @@ class AutoDrafting:
             r.steady += 1
             r.run_ms += ms
 
-    def draft(self, committed: list[int], drafters: list, merge: str) -> tuple[TokenTree, list[str], Plan]:
-        """Draft and choose this step's tree -> (tree, names of the SSMs that ran, plan)."""
+    def draft(self, committed: list[int], drafters: list, merge: str,
+              max_depth: int | None = None) -> tuple[TokenTree, list[str], Plan]:
+        """Draft and choose this step's tree -> (tree, names of the SSMs that ran, plan); max_depth: the
+        deepest node that could still be committed (the answer's length limit), None for no limit."""
         start = time.perf_counter()
         names = [d.name for d in drafters]
         rivals = sum(1 << source for source, d in enumerate(drafters) if d.kind == "ngram")  # its matches contest
+        deepest = MAX_DEPTH if max_depth is None else min(MAX_DEPTH, max_depth)  # SSM levels
         tree = TokenTree.with_root(committed[-1])
         for source, drafter in enumerate(drafters):
             if drafter.kind == "ngram":
                 drafter.draft_matches(committed, tree, source)
+        if max_depth is not None and max(tree.depths) > max_depth:  # match chains past the answer's end
+            tree = tree.select([depth <= max_depth for depth in tree.depths])
         accept = self.predictor(tree, names)
         rate = self.target_rate()
         verify = step_costs(self.costs)
@@ -278,7 +283,7 @@ class AutoDrafting:
             candidates = drafter.begin(committed, tree, source, ROOT_WIDTH)
             steady = drafter.fed_last <= STEADY_CATCH_UP
             forwards = [time.perf_counter() - began] if steady else []
-            for depth in range(2, MAX_DEPTH + 1):
+            for depth in range(2, deepest + 1):
                 if not candidates:
                     break
                 tree.mark_contested(rivals)

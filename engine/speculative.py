@@ -160,7 +160,7 @@ class SpeculativeEngine:
                 return
             step += 1
             start = time.perf_counter()
-            result = self.speculate_step(committed, drafters, settings, generator)
+            result = self.speculate_step(committed, drafters, settings, generator, settings.max_new_tokens - stats.tokens)
             self.share_features(readers, len(committed) - 1, [0, *result.accepted])
 
     def share_features(self, readers, first: int, rows: list[int]) -> None:
@@ -200,14 +200,17 @@ class SpeculativeEngine:
             return int(logits[-1].argmax())
         return sample_token(target_probs(logits[-1:], settings.temperature, settings.top_p)[0], generator)
 
-    def speculate_step(self, committed: list[int], drafters, settings, generator) -> StepResult:
+    def speculate_step(self, committed: list[int], drafters, settings, generator, limit: int | None = None) -> StepResult:
+        """One step; limit: the tokens the answer may still take (max_new_tokens less those it has), so an
+        auto tree drafts no deeper than limit - 1 (its accepted branch and the bonus token fill the answer)
+        and a step that may add one token drafts nothing."""
         t0 = time.perf_counter()
         ran: list[str] = []
-        pure = not drafters or self.pure_steps.needs_calibration(len(committed))
+        pure = not drafters or self.pure_steps.needs_calibration(len(committed)) or (limit is not None and limit <= 1)
         if pure:
             tree = TokenTree.with_root(committed[-1])  # a one-token step that drafts nothing
         elif settings.auto:
-            tree, ran, _ = self.auto.draft(committed, drafters, settings.merge)
+            tree, ran, _ = self.auto.draft(committed, drafters, settings.merge, None if limit is None else limit - 1)
         else:
             tree = self.draft_tree(committed, drafters, settings)
         t1 = time.perf_counter()

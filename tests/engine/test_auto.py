@@ -7,10 +7,11 @@ import torch
 
 from spectui.engine.calibrate import prepare_costs
 from spectui.engine.chat import Conversation, chat_turn, encode_chat
-from spectui.engine.costs import CostKey
+from spectui.engine.costs import CostKey, CostModel
 from spectui.engine.drafters import NGramDrafter
 from spectui.engine.settings import GenerationSettings
 from spectui.engine.speculative import SpeculativeEngine
+from spectui.engine.speedup import MIN_PURE
 
 
 @pytest.fixture()
@@ -81,3 +82,30 @@ def test_what_the_auto_tree_learned_outlives_the_engine(embedded_models, tmp_pat
     for key, cell in learned.items():  # the same estimates before its first step
         kept = second.acceptance_model.cells[key]
         assert kept.trials == min(cell.trials, REMEMBERED) and kept.mean == pytest.approx(cell.mean, abs=0.05)
+
+
+
+def test_no_tree_reaches_past_the_answers_length_limit(embedded_models):
+    """An auto tree drafts no deeper than the tokens the answer may still take, less its bonus token, and
+    the step that may add one token drafts nothing: nodes past the limit would be verified for nothing."""
+    m = embedded_models
+    engine = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
+    engine.cost_model = CostModel({1: 50.0, 2: 50.5, 4: 51.0, 8: 52.0, 16: 54.0, 32: 58.0})  # rows nearly free
+    text = "Count the colours: red blue green red blue green red blue green red blue green red"
+    ids = encode_chat(m.tokenizer, [{"role": "user", "content": text}]) + m.tokenizer.encode(" red blue green red blue")
+    auto = engine.auto_drafting()
+    free, _, _ = auto.draft(ids, engine.drafters, "union")
+    assert max(free.depths) >= 4  # the n-gram drafter's matches run deep here
+    for deepest in (1, 2, 3):
+        tree, _, _ = auto.draft(ids, engine.drafters, "union", max_depth=deepest)
+        assert max(tree.depths) == deepest and all(p < i for i, p in enumerate(tree.parents))
+    engine.verifier.reset()
+    engine.verifier.forward_chain(ids[:-1])  # the cache: all but the root
+    for k in range(MIN_PURE):  # one-token steps timed here already: no calibration step is due
+        engine.pure_steps.record(len(ids), 50.0, pure=True)
+    settings, generator = GenerationSettings(), torch.Generator().manual_seed(0)
+    last = engine.speculate_step(ids, engine.drafters, settings, generator, limit=1)
+    assert len(last.tree) == 1 and last.pure
+    engine.verifier.crop(len(ids) - 1)
+    step = engine.speculate_step(ids, engine.drafters, settings, generator, limit=3)
+    assert 1 < len(step.tree) and max(step.tree.depths) <= 2
