@@ -268,9 +268,7 @@ class AutoDrafting:
         tree = TokenTree.with_root(committed[-1])
         for source, drafter in enumerate(drafters):
             if drafter.kind == "ngram":
-                drafter.draft_matches(committed, tree, source)
-        if max_depth is not None and max(tree.depths) > max_depth:  # match chains past the answer's end
-            tree = tree.select([depth <= max_depth for depth in tree.depths])
+                drafter.draft_matches(committed, tree, source, max_depth)
         accept = self.predictor(tree, names)
         rate = self.target_rate()
         verify = step_costs(self.costs)

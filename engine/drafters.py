@@ -142,6 +142,9 @@ def hang_top(tree: TokenTree, source: int, parents: list[int], logits: torch.Ten
     return added
 
 
+MATCH_DEPTH = 12  # tokens a continuation of the adaptive tree's n-gram matches runs to at most
+
+
 class NGramDrafter:
     """Prompt lookup: reuse spans of the conversation that followed the current suffix.
 
@@ -201,7 +204,7 @@ class NGramDrafter:
         for chain in self.propose(committed):
             tree.add_path(chain, source)
 
-    def matches(self, committed: list[int], depth: int = 12, branches: int = 2, longest: int = 8) -> list[tuple[list[int], int]]:
+    def matches(self, committed: list[int], depth: int = MATCH_DEPTH, branches: int = 2, longest: int = 8) -> list[tuple[list[int], int]]:
         """Adaptive drafting: up to `branches` distinct continuations (at most `depth` tokens) of
         earlier occurrences of the newest token, with the length of the suffix they share with
         the end of `committed` (at most `longest`; at least `min_match`); longest match first,
@@ -232,6 +235,8 @@ class NGramDrafter:
                     break
         return out
 
-    def draft_matches(self, committed: list[int], tree: TokenTree, source: int) -> None:
-        for chain, length in self.matches(committed):
+    def draft_matches(self, committed: list[int], tree: TokenTree, source: int, max_depth: int | None = None) -> None:
+        """Hang `matches` under the root, each chain at most max_depth tokens (None: as deep as `matches` goes)."""
+        depth = MATCH_DEPTH if max_depth is None else min(MATCH_DEPTH, max_depth)
+        for chain, length in self.matches(committed, depth):
             tree.add_path(chain, source, conf_bin=match_bin(length))

@@ -84,7 +84,6 @@ def test_what_the_auto_tree_learned_outlives_the_engine(embedded_models, tmp_pat
         assert kept.trials == min(cell.trials, REMEMBERED) and kept.mean == pytest.approx(cell.mean, abs=0.05)
 
 
-
 def test_no_tree_reaches_past_the_answers_length_limit(embedded_models):
     """An auto tree drafts no deeper than the tokens the answer may still take, less its bonus token, and
     the step that may add one token drafts nothing: nodes past the limit would be verified for nothing."""
@@ -101,7 +100,7 @@ def test_no_tree_reaches_past_the_answers_length_limit(embedded_models):
         assert max(tree.depths) == deepest and all(p < i for i, p in enumerate(tree.parents))
     engine.verifier.reset()
     engine.verifier.forward_chain(ids[:-1])  # the cache: all but the root
-    for k in range(MIN_PURE):  # one-token steps timed here already: no calibration step is due
+    for _ in range(MIN_PURE):  # one-token steps timed here already: no calibration step is due
         engine.pure_steps.record(len(ids), 50.0, pure=True)
     settings, generator = GenerationSettings(), torch.Generator().manual_seed(0)
     last = engine.speculate_step(ids, engine.drafters, settings, generator, limit=1)
