@@ -125,8 +125,9 @@ def node_values(tree: TokenTree, accept: Callable[[int], float]) -> list[float]:
 
 
 def select_nodes(tree: TokenTree, values: list[float], verify_ms: Callable[[int], float], rate: float,
-                 draft_ms: float = 0.0, budget: int = MAX_NODES) -> Plan:
-    """The subtree of `tree` maximising E[tokens] - rate * c_verify(T) (see the module docstring)."""
+                 budget: int = MAX_NODES) -> Plan:
+    """The subtree of `tree` maximising E[tokens] - rate * c_verify(T) (see the module docstring); its
+    cost_ms is c_verify(T) alone (the step adds its drafting ms once drafting is done)."""
     order = sorted(range(1, len(tree)), key=lambda i: (-values[i], i))[: max(budget - 1, 0)]
     expected, best_k, best = 1.0, 0, 1.0 - rate * verify_ms(1)
     for k, node in enumerate(order, 1):
@@ -141,7 +142,7 @@ def select_nodes(tree: TokenTree, values: list[float], verify_ms: Callable[[int]
     for i in range(1, len(tree)):  # parents precede children: enforce closure under ancestors
         keep[i] = keep[i] and keep[tree.parents[i]]
     chosen = sum(values[i] for i in range(1, len(tree)) if keep[i])
-    return Plan(keep, 1.0 + chosen, draft_ms + verify_ms(sum(keep)))
+    return Plan(keep, 1.0 + chosen, verify_ms(sum(keep)))
 
 
 def named_evidence(tree: TokenTree, node: int, names: list[str]) -> dict[str, int]:
@@ -227,9 +228,21 @@ class AutoDrafting:
             self.realised = moving(self.realised, tokens / step_ms)
 
     def predictor(self, tree: TokenTree, names: list[str]) -> Callable[[int], float]:
-        """a(i) for the nodes of `tree` as it stands when asked (its contested flags marked first)."""
+        """a(i) for the nodes of `tree` as it stands when asked (its contested flags marked first):
+        AcceptanceModel.predict's best cell over the node's evidence, each cell's mean looked up once
+        (the model does not change while a step drafts)."""
+        means: dict[tuple[int, int, int, bool], float] = {}
+        cell = self.acceptance.cell
+
         def accept(i: int) -> float:
-            return self.acceptance.predict(named_evidence(tree, i, names), tree.depths[i], tree.contested[i])
+            depth, contested, best = tree.depths[i], tree.contested[i], 0.0
+            for source, conf_bin in tree.evidence[i].items():
+                key = (source, depth, conf_bin, contested)
+                a = means.get(key)
+                if a is None:
+                    a = means[key] = cell(names[source], depth, conf_bin, contested).mean
+                best = max(best, a)
+            return best
         return accept
 
     def worth_running(self, name: str) -> str | None:
@@ -273,12 +286,14 @@ class AutoDrafting:
         rate = self.target_rate()
         verify = step_costs(self.costs)
         ran = []
+        planned: Plan | None = None  # the choice over the tree as it stands (None once it has grown)
         for source, drafter in enumerate(drafters):
             why = self.worth_running(drafter.name) if drafter.kind == "model" else None
             if why is None:
                 continue
             run_began = began = time.perf_counter()
             candidates = drafter.begin(committed, tree, source, ROOT_WIDTH)
+            planned = None
             steady = drafter.fed_last <= STEADY_CATCH_UP
             forwards = [time.perf_counter() - began] if steady else []
             for depth in range(2, deepest + 1):
@@ -287,6 +302,7 @@ class AutoDrafting:
                 tree.mark_contested(rivals)
                 values = node_values(tree, accept)
                 plan = select_nodes(tree, values, verify, rate)
+                planned = plan
                 frontier = sorted(set(candidates), key=lambda i: (-values[i], i))[:FEED]
                 hope = values[frontier[0]] * self.acceptance.mean_for(drafter.name, depth)
                 extra_ms = self.costs.draft(drafter.name) + verify(plan.size + 1) - verify(plan.size)
@@ -294,17 +310,19 @@ class AutoDrafting:
                     break
                 began = time.perf_counter()
                 candidates = drafter.expand(tree, source, frontier, WIDTH)
+                planned = None
                 forwards.append(time.perf_counter() - began)
             drafter.finish()
             if forwards:
                 self.costs.observe_draft(drafter.name, sum(forwards) * 1000 / len(forwards))
             self.observe_run(drafter.name, why, (time.perf_counter() - run_began) * 1000, steady)  # the whole run
             ran.append(drafter.name)
-        tree.mark_contested(rivals)  # before the vote: where speculators disagreed is evidence, whatever it drops
-        tree = apply_policy(tree, merge)
-        values = node_values(tree, self.predictor(tree, names))
-        plan = select_nodes(tree, values, verify, rate, (time.perf_counter() - start) * 1000)
-        return tree.select(plan.keep), ran, plan
+        if planned is None or merge != "union":  # else the last level's choice stands: the tree is as it was
+            tree.mark_contested(rivals)  # before the vote: where speculators disagreed is evidence, whatever it drops
+            tree = apply_policy(tree, merge)
+            planned = select_nodes(tree, node_values(tree, self.predictor(tree, names)), verify, rate)
+        planned.cost_ms += (time.perf_counter() - start) * 1000  # drafting + c_verify(T)
+        return tree.select(planned.keep), ran, planned
 
     def observe(self, tree: TokenTree, accepted: list[int], names: list[str], ran: list[str], verify_ms: float) -> None:
         """Fold a verified step (its verification took verify_ms) into the acceptance model, the SSMs'

@@ -381,3 +381,49 @@ def test_contested_nodes_learn_apart_from_uncontested_ones():
     rows = {(r["speculator"], r["contested"]): r for r in model.calibration()}
     assert rows[("ssm", True)]["observed"] == 0.0 and rows[("ssm", False)]["observed"] == 1.0
     assert rows[("ngram", True)]["observed"] == 1.0
+
+
+@pytest.mark.parametrize("merge", ["union", "vote"])
+@pytest.mark.parametrize("node_ms", [0.001, 0.5, 3.0])
+def test_the_step_keeps_the_best_subtree_of_everything_drafted(merge, node_ms):
+    """draft() returns select_nodes' choice over the whole drafted tree (after the merge policy), with
+    AcceptanceModel.predict's values, however many levels the SSM ran: the last level's choice stands
+    only where nothing was drafted or voted away after it. Nearly free nodes let the SSM run every
+    level up to MAX_DEPTH; dear ones stop it early."""
+    from spectui.engine.acceptance_model import AcceptanceModel, prob_bin
+    from spectui.engine.auto_tree import MAX_DEPTH, AutoDrafting, named_evidence
+    from spectui.engine.costs import CostModel
+    from spectui.engine.drafters import NGramDrafter
+    from spectui.engine.merge import apply_policy
+
+    class Drafter:  # top-2 children under each fed node (under the root: the n-gram drafter's 3, then 101)
+        kind, name, fed_last = "model", "ssm", 1
+
+        def begin(self, committed, tree, source, width):
+            self.tree = tree  # the step's whole tree
+            return [tree.add(0, token, source, p, prob_bin(p)) for token, p in ((3, 0.9), (101, 0.05))]
+
+        def expand(self, tree, source, frontier, width):
+            return [tree.add(node, 100 + 10 * tree.depths[node] + k, source, p, prob_bin(p))
+                    for node in frontier for k, p in enumerate((0.9, 0.05))]
+
+        def finish(self) -> None:
+            pass
+
+    costs = CostModel({t: 10.0 + node_ms * (t - 1) for t in (1, 2, 4, 8, 16, 32, 64)})
+    model = AcceptanceModel(kinds={"ssm": "model", "ngram": "ngram"})
+    auto = AutoDrafting(costs, model)
+    drafter, names = Drafter(), ["ngram", "ssm"]
+    committed = [5, 6, 7, 8, 9, 5, 6, 3, 4, 2, 5, 6]  # the n-gram drafter's matches: 3 4 2 ... and 7 8 9 ...
+    chosen, ran, plan = auto.draft(committed, [NGramDrafter(), drafter], merge)
+    whole = apply_policy(drafter.tree, merge)
+    values = [1.0] + [0.0] * (len(whole) - 1)
+    for i in range(1, len(whole)):
+        a = model.predict(named_evidence(whole, i, names), whole.depths[i], whole.contested[i])
+        values[i] = values[whole.parents[i]] * a
+    want = select_nodes(whole, values, costs.verify, auto.target_rate())
+    assert ran == ["ssm"] and plan.keep == want.keep and plan.expected_tokens == want.expected_tokens
+    assert chosen.tokens == whole.select(want.keep).tokens and plan.cost_ms >= costs.verify(plan.size)
+    if node_ms < 0.01:  # every level ran: the last one's nodes are in the choice
+        assert max(d for d, sources in zip(drafter.tree.depths, drafter.tree.sources) if sources & 2) == MAX_DEPTH
+    assert (len(whole) < len(drafter.tree)) == (merge == "vote")  # the vote keeps 3 alone under the root
