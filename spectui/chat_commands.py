@@ -26,7 +26,10 @@ def chat(
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="default: the config's (256)"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default: the config's)"),
     top_p: Optional[float] = typer.Option(None, "--top-p"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="sampling seed: the same text again with a fixed --tree or --no-spec (the auto tree's "
+        "shape follows measured costs, and sampling draws along the tree)"
+    ),
     tree: Optional[str] = typer.Option(None, "--tree", help="auto (the default: chosen each step by measured cost) or children per node at each depth, e.g. 2,2,1,1"),
     no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
     merge: Optional[str] = typer.Option(None, "--merge", help="union or vote: how several speculators' trees merge"),

@@ -49,7 +49,10 @@ def generate(
     max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy"),
     top_p: float = typer.Option(1.0, "--top-p"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="sampling seed: the same text again with a fixed --tree or --no-spec (the auto tree's "
+        "shape follows measured costs, and sampling draws along the tree)"
+    ),
     tree: str = typer.Option(tree_text(), "--tree", help="auto (chosen each step by measured cost) or children per node at each depth, e.g. 1,1,1"),
     no_spec: bool = typer.Option(False, "--no-spec", help="incremental decoding, one token per verifier step"),
     merge: str = typer.Option(

@@ -106,10 +106,14 @@ def test_mss_on_a_vote_tree_follows_verifier_distribution(embedded_models, embed
 
 @pytest.mark.slow
 def test_sampling_is_reproducible_with_a_seed(embedded_models):
+    """The same seed and a fixed tree shape give the same text (the README's `--seed 1 --tree 3,2,1`). The
+    auto tree is not asked this: its shape follows the costs it measures as it runs, and the sampling tests
+    draw along the tree (one per child tried), so two seeded runs match only while their trees do; under
+    load in CI they did not (2026-11-30). Each run is still distributed as the verifier's (the tests above)."""
     m = embedded_models
     engine = SpeculativeEngine(m.verifier, m.tokenizer, [NGramDrafter()], m.stop_token_ids())
     ids = encode_chat(m.tokenizer, [{"role": "user", "content": "Name a colour."}])
-    settings = GenerationSettings(max_new_tokens=12, temperature=1.0, seed=7)
+    settings = GenerationSettings(max_new_tokens=12, temperature=1.0, seed=7, tree_shape=(3, 2, 1))
     first = [t for e in engine.generate(ids, settings) for t in e.new_tokens]
     second = [t for e in engine.generate(ids, settings) for t in e.new_tokens]
     assert first == second and len(first) > 0
