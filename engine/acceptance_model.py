@@ -117,9 +117,22 @@ class AcceptanceModel:
             found = self.cells[key] = Cell(self.prior(speculator, conf_bin, contested))
         return found
 
-    def predict(self, evidence: dict[str, int], depth: int, contested: bool = False) -> float:
-        """a(u) for a node with evidence {speculator: confidence bin} at `depth` (best over speculators)."""
-        return max((self.cell(s, depth, b, contested).mean for s, b in evidence.items()), default=0.0)
+    def predict(self, evidence: dict, depth: int, contested: bool = False, names: list[str] | None = None,
+                means: dict | None = None) -> float:
+        """a(u) for a node with evidence {speculator: confidence bin} at `depth` (best over speculators).
+        names: evidence keyed by speculator number instead (TokenTree.evidence), names[number] its name;
+        means: a memo of cell means, for a caller that asks about many nodes while the model stands still
+        (a step's tree choice: nothing is observed until the step is verified)."""
+        best = 0.0
+        for speculator, conf_bin in evidence.items():
+            key = (speculator, depth, conf_bin, contested)
+            a = None if means is None else means.get(key)
+            if a is None:
+                a = self.cell(speculator if names is None else names[speculator], depth, conf_bin, contested).mean
+                if means is not None:
+                    means[key] = a
+            best = max(best, a)
+        return best
 
     def observe(self, evidence: dict[str, int], depth: int, accepted: bool, contested: bool = False) -> None:
         for speculator, conf_bin in evidence.items():

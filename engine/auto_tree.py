@@ -228,21 +228,13 @@ class AutoDrafting:
             self.realised = moving(self.realised, tokens / step_ms)
 
     def predictor(self, tree: TokenTree, names: list[str]) -> Callable[[int], float]:
-        """a(i) for the nodes of `tree` as it stands when asked (its contested flags marked first):
-        AcceptanceModel.predict's best cell over the node's evidence, each cell's mean looked up once
-        (the model does not change while a step drafts)."""
-        means: dict[tuple[int, int, int, bool], float] = {}
-        cell = self.acceptance.cell
+        """a(i) for the nodes of `tree` as it stands when asked (its contested flags marked first), each
+        cell's mean looked up once (the model does not change while a step drafts)."""
+        means: dict = {}
+        predict = self.acceptance.predict
 
         def accept(i: int) -> float:
-            depth, contested, best = tree.depths[i], tree.contested[i], 0.0
-            for source, conf_bin in tree.evidence[i].items():
-                key = (source, depth, conf_bin, contested)
-                a = means.get(key)
-                if a is None:
-                    a = means[key] = cell(names[source], depth, conf_bin, contested).mean
-                best = max(best, a)
-            return best
+            return predict(tree.evidence[i], tree.depths[i], tree.contested[i], names, means)
         return accept
 
     def worth_running(self, name: str) -> str | None:
