@@ -93,6 +93,7 @@ class StepEvent:
     step_ms: float = 0.0  # engine time of this step: drafting to event, consumer pauses excluded
     incremental_ms: float | None = None  # the measured one-token step this step is compared with
     speedup: float | None = None  # the answer so far vs incremental decoding, measured
+    threads: int = 0  # the verifier pass's threads: fewer while other processes hold cores (threads.py); 0: not known
     finished: bool = False
     stop_reason: str | None = None  # "eos" | "length" | "stopped" once finished
     notice: str | None = None  # e.g. history truncated to fit the context window

@@ -181,6 +181,13 @@ class LeanModel:
         self.argmax_only = False  # logits only for their argmax: the bf16 screen (kernels/argmax_head.py)
         self._screen: ArgmaxScreen | None = None
 
+    @property
+    def thread_invariant(self) -> bool:
+        """True if a pass's bits do not depend on the thread count: an exact verifier whose layers all run
+        spectui's C kernels and glue (tests/kernels check each at 1 and 2 threads; test_threads_under_load.py the
+        logits), so the engine may change its threads between passes (threads.py)."""
+        return self.glue is not None
+
     def _glue(self, model):
         """(kernels/glue_cpu.py, its fp32 flavour?) where its bits are the torch ops': an exact verifier in
         fp32 with a float32 cache whose 4-bit layers all run kernels/packed_4bit.c (it reads bf16 rows, so

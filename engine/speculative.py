@@ -41,6 +41,7 @@ from .pipeline import start_prefetch
 from .settings import GenerationSettings
 from .speedup import PureSteps, SpeedupMeter
 from .text import IncrementalDecoder
+from .threads import ThreadGovernor
 from .tree import TokenTree
 
 
@@ -54,6 +55,7 @@ class StepResult:
     pure: bool = False  # a one-token step that drafted nothing: an incremental step
     ran: list[str] = field(default_factory=list)  # SSMs that drafted (auto)
     sampling: SamplingLog | None = None  # the sampling test's numbers (detail only)
+    threads: int = 0  # the verifier pass's threads (threads.py)
 
 
 @dataclass
@@ -95,6 +97,9 @@ class SpeculativeEngine:
         self.cached_ids: list[int] = []  # the tokens whose key/values the verifier cache holds after an answer
         self.prefilled = 0  # prompt tokens the last answer's prefill computed (the rest were reused)
         self.acceptance_file = None  # where the acceptance model is kept between processes (remember_acceptance)
+        self.adaptive_threads = True  # fewer threads while other processes hold cores (threads.py)
+        self.governor: ThreadGovernor | None = None
+        self.thread_switches = 0  # changes of the verifier's thread count since the engine was made (none when quiet)
 
     @property
     def speculator_names(self) -> list[str]:
@@ -125,6 +130,7 @@ class SpeculativeEngine:
         if drafters and settings.auto:
             self.auto_drafting().begin_answer()
         committed = list(prompt_ids)
+        self.govern_threads()
         start = time.perf_counter()
         kept = self.verifier.rewind(self.cached_ids, committed if reuse else [])
         for drafter in drafters:
@@ -137,10 +143,13 @@ class SpeculativeEngine:
         readers = [d for d in drafters if getattr(d, "wants_features", False)]  # feature drafters (feature_drafter.py)
         self.verifier.keep_hidden = bool(readers)
         self.verifier.argmax_only = settings.greedy and not settings.detail  # LeanModel: the bf16 screen
+        threads = self.begin_pass()
         logits = self.verifier.forward_chain(committed[kept:], last_only=True)  # [1, V]
+        self.end_pass()
         self.share_features(readers, kept, list(range(len(committed) - kept)))
         first = self.pick_token(logits, settings, generator)
-        result = StepResult(TokenTree.with_root(committed[-1]), [], first, 0.0, (time.perf_counter() - start) * 1000)
+        result = StepResult(TokenTree.with_root(committed[-1]), [], first, 0.0, (time.perf_counter() - start) * 1000,
+                            threads=threads)
         step = 0
         while True:
             event, committed_now = self.build_event(step, result, committed, settings, stats, decoder)
@@ -162,6 +171,31 @@ class SpeculativeEngine:
             start = time.perf_counter()
             result = self.speculate_step(committed, drafters, settings, generator, settings.max_new_tokens - stats.tokens)
             self.share_features(readers, len(committed) - 1, [0, *result.accepted])
+
+    def govern_threads(self) -> None:
+        """Keep, or start, the thread governor (threads.py) for a verifier whose bits do not depend on the
+        thread count; a count set from outside since its last pass (bench, the app's split) is the new most."""
+        if not (self.adaptive_threads and getattr(self.verifier, "thread_invariant", False)):
+            self.governor = None
+        elif self.governor is None or self.governor.threads != torch.get_num_threads():
+            self.governor = ThreadGovernor(torch.get_num_threads())
+
+    def begin_pass(self) -> int:
+        """Before a verifier pass -> the threads it runs with."""
+        if self.governor is not None:
+            self.governor.begin_pass()
+        return torch.get_num_threads()
+
+    def end_pass(self) -> None:
+        if self.governor is not None:
+            threads = self.governor.end_pass()
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+                self.thread_switches += 1
+
+    def at_most_threads(self, threads: int) -> bool:
+        """True if a pass with `threads` ran with the count the cost model measured (the governor's most)."""
+        return self.governor is None or threads == self.governor.most
 
     def share_features(self, readers, first: int, rows: list[int]) -> None:
         """Hand feature drafters the verifier's final hidden states of the committed tokens its last
@@ -218,7 +252,9 @@ class SpeculativeEngine:
         if settings.pipeline and len(tree) > 1:  # the SSM drafts ahead while the verifier runs (pipeline.py)
             prefetch = start_prefetch(tree, committed, drafters, ran if settings.auto else [d.name for d in drafters])
         try:
+            threads = self.begin_pass()
             logits = self.score_tree(tree)  # [N, V]
+            self.end_pass()
             log = SamplingLog() if settings.detail and not settings.greedy and len(tree) > 1 else None
             accepted, bonus = self.accept_branch(tree, logits, settings, generator, log)
             self.commit_branch(tree, accepted)
@@ -226,11 +262,11 @@ class SpeculativeEngine:
             if prefetch is not None:
                 prefetch.join()
         t2 = time.perf_counter()
-        if self.cost_model is not None:
+        if self.cost_model is not None and self.at_most_threads(threads):  # costs are per thread count
             self.cost_model.observe_verify(len(tree), (t2 - t1) * 1000)
         if self.auto is not None and (len(tree) > 1 or ran):
             self.auto.observe(tree, accepted, self.speculator_names, ran, (t2 - t1) * 1000)
-        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran, log)
+        return StepResult(tree, accepted, bonus, (t1 - t0) * 1000, (t2 - t1) * 1000, pure, ran, log, threads)
 
     def draft_tree(self, committed: list[int], drafters, settings) -> TokenTree:
         # Drafting every speculator into one tree is their union: TokenTree.add merges equal
@@ -304,6 +340,7 @@ class SpeculativeEngine:
             draft_ms=result.draft_ms,
             verify_ms=result.verify_ms,
             attention_backend=self.attention_backend,
+            threads=result.threads,
             finished=stop_reason is not None,
             stop_reason=stop_reason,
             sampling=result.sampling.describe(self.token_text) if result.sampling else None,

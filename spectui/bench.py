@@ -245,6 +245,7 @@ def run_bench(
     for method in methods:  # first calls pay for allocation, lazy initialisation and cost measurement
         bench.run(method, warm)
     results = []
+    switches_before = engine.thread_switches
     for k, prompt in enumerate(prompts):
         results.append(measure_prompt(bench, methods, k, prompt))
         if progress:
@@ -258,6 +259,7 @@ def run_bench(
         "attention_backend": models.attention_backend,
         "linear4bit": getattr(models.verifier, "spectui_4bit", None),  # how the 4-bit layers compute
         "threads": threads,
+        "thread_switches": engine.thread_switches - switches_before,  # > 0: other processes held cores (threads.py)
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
         "tree": tree_text(tree),

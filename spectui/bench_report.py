@@ -15,7 +15,8 @@ pairwise ratios there.
 The JSON report (run_bench in bench.py):
     model, ssms, speculators, quant, device, attention_backend, linear4bit (the verifier's 4-bit
     path: spectui's AVX2 kernel or bitsandbytes', or null), threads (torch threads, every
-    method), prompts, max_new_tokens, tree (the speculative rows' --tree), fixed_tree,
+    method), thread_switches (times our engine changed its threads because other processes held
+    cores: 0 on the quiet machine timings need), prompts, max_new_tokens, tree (the speculative rows' --tree), fixed_tree,
     merge (policies run), hf_assistant (SSM name or null), not_run ({method: why} for the
     assisted and pipelined rows when they could not run here), order ("rotated"), rerun_below,
     rerun_total, cost_model and calibration (the engine's, or null);
@@ -229,6 +230,9 @@ def format_table(report: dict) -> str:
     if report.get("hf_assistant"):
         rows.append(f"hf-assisted: assistant_model {report['hf_assistant']}")
     rows += [f"{method}: not run: {why}" for method, why in (report.get("not_run") or {}).items()]
+    if report.get("thread_switches"):
+        rows.append(f"threads: our engine changed its thread count {report['thread_switches']} times: other processes "
+                    "held cores, so these are not a quiet machine's figures")
     for name, m in report["methods"].items():
         if "geomean_speedup_vs_incremental" not in m:
             continue

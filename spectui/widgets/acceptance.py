@@ -68,7 +68,7 @@ def summary(events: list[StepEvent], quant: str) -> str:
         f"tokens/s     {last.tokens_per_s:6.1f}  ({last.total_tokens} tokens, {engine_s:.1f} s)",
         f"verify       {verify:6.0f} ms   draft {draft:.0f} ms",
         f"speed-up     {ratio:5.2f}x  (vs timed one-token steps)" if ratio is not None else "speed-up       n/a  (not measured)",
-        f"attention    {last.attention_backend}   quant {quant}",
+        f"attention    {last.attention_backend}   quant {quant}" + (f"   threads {last.threads}" if last.threads else ""),
     ]
     if last.finished:
         rows.append(f"finished: {last.stop_reason}")

@@ -249,6 +249,8 @@ def test_cli_bench_writes_report(chat_verifier, tmp_path, torch_threads):
     assert set(report["not_run"]) == {"hf-assisted", "speculative-pipelined"}  # a model alone: no SSM to assist or run ahead
     assert "speculative-pipelined: not run: no speculator that can draft ahead" in result.stdout
     assert "per_prompt" not in format_table(report)
+    assert report["thread_switches"] == 0 and "not a quiet machine" not in format_table(report)  # one thread: none
+    assert "changed its thread count 2 times" in format_table({**report, "thread_switches": 2})
 
 
 @pytest.mark.slow
