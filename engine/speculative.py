@@ -122,7 +122,18 @@ class SpeculativeEngine:
 
         reuse: keep the key/values of the longest prefix this prompt shares with the previous
         answer's tokens (the conversation so far), so a chat turn prefills only what is new.
+        The thread count may change while the answer runs (threads.py); it is the caller's again after.
         """
+        self.govern_threads()
+        try:
+            yield from self.answer(prompt_ids, settings, stop, reuse)
+        finally:
+            if self.governor is not None:
+                torch.set_num_threads(self.governor.most)
+
+    def answer(self, prompt_ids: list[int], settings: GenerationSettings, stop: threading.Event | None,
+               reuse: bool) -> Iterator[StepEvent]:
+        """generate's steps, at the threads the governor sets."""
         generator = torch.Generator().manual_seed(settings.seed if settings.seed is not None else 0)
         if settings.seed is None:
             generator.seed()
@@ -130,7 +141,6 @@ class SpeculativeEngine:
         if drafters and settings.auto:
             self.auto_drafting().begin_answer()
         committed = list(prompt_ids)
-        self.govern_threads()
         start = time.perf_counter()
         kept = self.verifier.rewind(self.cached_ids, committed if reuse else [])
         for drafter in drafters:
@@ -174,11 +184,15 @@ class SpeculativeEngine:
 
     def govern_threads(self) -> None:
         """Keep, or start, the thread governor (threads.py) for a verifier whose bits do not depend on the
-        thread count; a count set from outside since its last pass (bench, the app's split) is the new most."""
+        thread count. The caller's count is the most it uses (a new one starts a new governor); an answer
+        resumes at the count the last one ended with, as the other processes may still be there."""
+        configured = torch.get_num_threads()
         if not (self.adaptive_threads and getattr(self.verifier, "thread_invariant", False)):
             self.governor = None
-        elif self.governor is None or self.governor.threads != torch.get_num_threads():
-            self.governor = ThreadGovernor(torch.get_num_threads())
+        elif self.governor is None or self.governor.most != configured:
+            self.governor = ThreadGovernor(configured)
+        elif self.governor.threads != configured:
+            torch.set_num_threads(self.governor.threads)
 
     def begin_pass(self) -> int:
         """Before a verifier pass -> the threads it runs with."""

@@ -67,12 +67,16 @@ def test_other_processes_on_every_core_drop_the_engine_to_one_thread_and_the_ans
     settings = GenerationSettings(max_new_tokens=40, tree_shape="auto")
     loops = busy_loops(os.cpu_count() or 2)
     try:
-        events = list(engine.generate(ids, settings))
+        first = list(engine.generate(ids, settings))
+        after_first = torch.get_num_threads()
+        second = list(engine.generate(ids, settings))
     finally:
         for loop in loops:
             loop.kill()
-    tokens = [t for e in events for t in e.new_tokens]
-    assert tokens == reference[0, len(ids):].tolist()
-    counts = [e.threads for e in events]
+    for events in (first, second):
+        assert [t for e in events for t in e.new_tokens] == reference[0, len(ids):].tolist()
+    counts = [e.threads for e in first]
     assert counts[0] == 2 and min(counts) == 1, counts  # the prefill at two, then one beside the loops
+    assert second[0].threads == 1  # the next answer resumes where the last one ended
+    assert after_first == torch.get_num_threads() == 2  # between answers the count is the caller's
     assert engine.governor.switches >= 1
