@@ -92,3 +92,42 @@ def test_the_idle_reading_is_seconds_since_boot_or_none(tmp_path):
     assert read_idle_seconds(str(tmp_path / "absent")) is None
     stat.write_text("garbage\n")
     assert read_idle_seconds(str(stat)) is None
+
+
+class Quota(Machine):
+    """A container held to about 1.2 CPUs on a machine that idles: two threads get 1.2 cores, and beside
+    one thread the machine's idle time still shows most of a core free."""
+
+    def run(self, governor: ThreadGovernor, passes: int) -> list[int]:
+        counts = []
+        for _ in range(passes):
+            self.cores, self.idle = (1.2, 0.0) if governor.threads == 2 else (1.0, 0.9)
+            counts += super().run(governor, 1)
+        return counts
+
+
+def test_raises_that_do_not_last_wait_longer_each_time():
+    m = Quota(cores=1.2, idle=0.0)
+    g = m.governor(2)
+    counts = m.run(g, 1600)  # 100 s of passes
+    rises = sum(1 for a, b in zip(counts, counts[1:]) if b > a)
+    assert 4 <= rises <= 9, rises  # waits of 1, 2, 4, 8, 16 and then 30 s
+    assert counts.count(2) < 0.05 * len(counts)  # without the waits: every other window, about half
+    assert g.hold == 30.0
+
+
+def test_a_raise_that_lasts_clears_the_wait():
+    m = Quota(cores=1.2, idle=0.0)
+    g = m.governor(2)
+    m.run(g, 200)
+    assert g.hold > 1.0
+    quiet = Machine(cores=1.97, idle=0.98)
+    quiet.t, quiet.cpu_s, quiet.idle_s = m.t, m.cpu_s, m.idle_s
+    g.wall, g.cpu = (lambda: quiet.t), (lambda: quiet.cpu_s)
+    g.idle = lambda: quiet.idle_s
+    quiet.cores = 0.99  # one thread: the other core idles
+    while g.threads == 1:
+        quiet.run(g, 1)
+    quiet.cores = 1.97
+    quiet.run(g, 120)  # 7.5 s at two threads
+    assert g.threads == 2 and g.hold == 0.0
