@@ -78,8 +78,9 @@ class ThreadGovernor:
         self.window_start, self.idle_start = None, None
 
     def begin_pass(self) -> None:
-        if self.window_start is None:
-            self.window_start, self.idle_start = self.wall(), self.idle()
+        if self.window_start is None:  # the count holds for the whole window: the idle time matters only below most
+            self.window_start = self.wall()
+            self.idle_start = self.idle() if self.threads < self.most else None
         self._wall0, self._cpu0 = self.wall(), self.cpu()
 
     def end_pass(self) -> int:
