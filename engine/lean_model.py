@@ -8,10 +8,8 @@ seven Linear4bit wrappers (casts, dispatch, allocation) around 3-8 us kernels. H
   * the 4-bit projections that share an input are one direct kernel call (kernels/packed_4bit.py):
     q|k|v, gate|up, then o and down: 4 calls a layer instead of 7 module calls;
   * the KV cache is one buffer for all layers, [L, 2, B, Hkv, capacity, D]: float32 where the exact
-    attention's C kernel runs (it widens each key and value to float64 as it reads them: the same
-    bits as float64 storage, and half the bytes a step reads, which is most of a step's growth
-    with the prefix: prefix 1,000, T = 1, 44.0 -> 28.2 ms on a 2-core AMD EPYC); float64 where its torch path runs
-    (which computes in float64 and would convert the whole prefix on every call);
+    attention's C kernels run (they compute in float32); float64 where its torch path runs (which
+    computes in float64 and would convert the whole prefix on every call);
     compaction of the accepted path is one index_select over all layers;
   * rotary cos/sin are computed once a forward by the model's own rotary module;
   * where spectui's C kernels run the 4-bit layers, the glue is C with torch's bits
@@ -165,11 +163,12 @@ class LeanModel:
         # (engine/tune/teacher_head.py, set by its caller); never on a verifier that decodes for a user
         self.output_layer = drafter_kernel(self.head.weight) if plain_head else None
         self.layers = [Layer(layer, not self.exact, drafting) for layer in model.model.layers]
-        self.cache_dtype = ((torch.float32 if exact_kernels() is not None else torch.float64) if self.exact
-                            else model.model.embed_tokens.weight.dtype)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        native = exact_kernels() is not None and self.head_dim % 8 == 0 and self.head_dim <= 256
+        self.cache_dtype = ((torch.float32 if native else torch.float64) if self.exact
+                            else model.model.embed_tokens.weight.dtype)
         self.attention_kernels = exact_kernels() if self.exact else None  # exact_attention.c, or None
         self.glue, self.glue_fp32 = self._glue(model)  # the layers' glue in C (glue_cpu.py), or None: torch's ops
         self.stack = stack_for(self)  # that glue path for all layers in one call (stack_cpu.py), or None

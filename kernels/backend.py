@@ -4,7 +4,8 @@ SPECTUI_ATTENTION=triton|torch|exact|auto (default auto):
   auto   -> exact on CPU; Triton kernel for CUDA tensors (when triton imports), else torch;
   triton -> the Triton kernel; on CPU tensors only under TRITON_INTERPRET=1 (numpy interpreter);
   torch  -> the torch reference (masked SDPA), any device;
-  exact  -> layout-invariant float64 attention (exact_attention.py): a token's output has the
+  exact  -> layout-invariant attention (exact_attention.py; float32 in a fixed order in C on AVX2,
+            else float64 in torch): a token's output has the
             same bits in a tree pass as in a one-token decode, which keeps bitsandbytes' fused
             bf16 4-bit kernel lossless on CPU.
 A request the machine cannot honour raises AttentionBackendError with one line saying why.

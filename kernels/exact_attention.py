@@ -10,49 +10,54 @@ and a one-token decode (1 query, contiguous keys). Measured on SmolLM2-135M NF4:
 32-token chain in one pass differ from 32 one-token passes by up to 0.47, enough to flip a greedy
 token now and then. With this attention the difference is exactly 0.
 
-How. Scores, softmax and the weighted sum run in float64 and the result is rounded once to the
-input dtype:
+How. Two routes, each layout-invariant on its own:
 
-    s_j = scale * q . k_j              (float64; masked keys get -inf, so exp(s_j - m) = 0 exactly)
-    m   = max_j s_j                    (exact in any order)
-    out = (sum_j e^(s_j - m) v_j) / (sum_j e^(s_j - m))       -> rounded to fp32
+  native  On x86 CPUs with AVX2 and a C compiler (kernels/exact_attention.c, built once per process
+          by kernels/native.py), calls with a float32 query, a float32 cache, D % 8 == 0 and no mask
+          or a bool mask shared by all heads. Per query row, in float32, in a fixed order over only
+          the keys the row may see, in cache order:
 
-Reordering a float64 sum of float32-derived terms moves it by about 1e-16 relative, 2^29 times
-below one fp32 ulp, so the final rounding lands on the same fp32 value except when the exact
-result sits within that distance of a rounding boundary (about one element in 10^8). Tests check
+              s_j = (q . k_j) * scale              (8 lanes over d, then a fixed sum of the lanes)
+              m   = max_j s_j
+              out = (sum_j exp8(s_j - m) v_j) / (sum_j exp8(s_j - m))     (both sums in ascending j)
+
+          with exp8 a lane-by-lane exponential (kernels/exact_exp.h). Every operation of a row is
+          fixed by its query and the keys it sees, so a tree row has the bits of a one-token pass
+          over those keys, exactly, whatever the call (the C file's header). Two kernels compute it:
+            grouped  one task per (batch, kv head, block of up to 16 tokens): each key and value is
+                     loaded once for the task's G x tokens rows. Every call takes it unless one query
+                     row would be alone in a task (T = 1 and G = 1) or there would be fewer tasks
+                     than threads: then
+            per row  one task per query row.
+          The two give the same bits (tests/kernels/test_exact_native.py checks it row by row).
+  torch   Everything else (another dtype, an additive or per-head mask, no library): scores, softmax
+          and the weighted sum in float64, rounded once to the query's dtype:
+
+              s_j = scale * q . k_j          (float64; masked keys get -inf, so exp(s_j - m) = 0 exactly)
+              m   = max_j s_j                (exact in any order)
+              out = (sum_j e^(s_j - m) v_j) / (sum_j e^(s_j - m))       -> rounded to fp32
+
+          Reordering a float64 sum of float32-derived terms moves it by about 1e-16 relative, 2^29
+          times below one fp32 ulp, so the final rounding lands on the same fp32 value except when the
+          exact result sits within that distance of a rounding boundary (about one element in 10^8).
+
+The two routes agree to about 1e-6 (float32 against float64), not bit for bit, so a model runs all its
+calls through one of them: the route depends only on the machine, the cache's dtype (LeanModel keeps a
+float32 cache where the kernels exist, float64 for the torch path) and D, never on the step. Tests check
 bitwise equality of tree-pass and one-token logits on the real model.
 
-Cost: the float64 matmuls are small (T x S x D per head); converting the cache's keys and values
-to float64 costs O(S) per layer and step, a few ms per 1,000 prefix tokens on two cores.
-
-Native path. On x86 CPUs with AVX2 and a C compiler, calls with a float32 query, a float32 or
-float64 cache and no mask or a bool mask shared by all heads go to kernels/exact_attention.c (built
-once per process by kernels/native.py), which reads the cache without converting it and computes, per
-query row, the same float64 quantities over only the keys the row may see, in cache order, rounded
-once to float32; every row's arithmetic is fixed (docs in the C file), so a row's bits depend on its
-query and the keys it sees alone, whatever the call. Two kernels compute it:
-  grouped  one task per (batch, kv head, block of up to 16 tokens): each key and value is loaded once
-           for the task's G x tokens rows; its exp is a 4-lane copy of the C library's (checked bit
-           for bit against it once per process, else the library's is called). Every call takes it
-           unless one query row would be alone in a task (T = 1 and G = 1) or there would be fewer
-           tasks than threads: then
-  per row  one task per query row (the kernel that decode steps used first).
-The two give the same bits (tests/kernels/test_exact_native.py checks it row by row). On the 2-core
-AVX2 machine the grouped kernel takes the attention of a tree pass of 2 to 64 tokens at a 1,000-token
-prefix to 0.5-0.75 of the torch path's time, a 769-token prefill's to half, and a decode step's to
-0.8-1.0 of the per-row kernel's (docs/performance.md). The torch path below serves the other calls
-(an additive or per-head mask, another dtype, no library); it computes the same float64 quantities
-and rounds once, so a token's output agrees with the C kernels' as tree and one-token torch calls
-agree with each other: the argument above.
+Cost. The native kernels are compute-bound (FMA chains over 8 float32 lanes). On the 2-core AVX2 EPYC
+the float32 kernels take a 770-token prefill's attention to half the time of the float64 ones they
+replaced, a decode step's at a 700-token prefix to two thirds (docs/performance.md, stop 60). The torch
+path's float64 matmuls are small (T x S x D per head); converting the cache to float64 costs O(S) per
+layer and step.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
 import functools
-import struct
 from dataclasses import dataclass
-from decimal import Decimal, localcontext
 
 import torch
 
@@ -143,7 +148,6 @@ class Kernels:
     library: ct.CDLL
     rows: ct._CFuncPtr  # spectui_exact_attention: a task per query row
     grouped: ct._CFuncPtr  # spectui_exact_attention_grouped: a task per (batch, kv head, block of tokens)
-    vector_exp: bool  # its 4-lane exp gives the C library's bits here (checked once), so it is used
 
 
 _KERNELS: dict[int, Kernels] = {}  # id(library) -> its Kernels
@@ -158,24 +162,8 @@ def kernels() -> Kernels | None:
     if found is None:
         rows, _ = native.function("exact_attention", "spectui_exact_attention", ARGTYPES)
         grouped, _ = native.function("exact_attention", "spectui_exact_attention_grouped", GROUPED_ARGTYPES)
-        init, _ = native.function("exact_attention", "spectui_exact_attention_init", [ct.POINTER(ct.c_uint64)])
-        table = exp_table()  # alive until init has copied it
-        found = _KERNELS[id(lib)] = Kernels(lib, rows, grouped, bool(init(table)))
+        found = _KERNELS[id(lib)] = Kernels(lib, rows, grouped)
     return found
-
-
-def exp_table() -> ct.Array:
-    """glibc's exp table: 2^(k/128) = H (1 + T), k < 128, as uint64 [T's bits, H's bits - (k << 45)]."""
-    def bits(x: float) -> int:
-        return struct.unpack("<Q", struct.pack("<d", x))[0]
-    tab = []
-    with localcontext() as ctx:
-        ctx.prec = 60
-        for k in range(128):
-            x = (Decimal(2).ln() * k / 128).exp()
-            h = float(x)  # correctly rounded
-            tab += [bits(float((x - Decimal(h)) / Decimal(h))), (bits(h) - (k << 45)) % 2**64]
-    return (ct.c_uint64 * 256)(*tab)
 
 
 def empty_rows(G: int, T: int, block: int) -> int:
@@ -204,14 +192,15 @@ def tokens_per_task(B: int, Hq: int, Hkv: int, T: int, threads: int) -> int | No
 def native_attention(query, key, value, mask, scale: float, block: int | None = None,
                      found: Kernels | None = None) -> torch.Tensor | None:
     """exact_attention.c's result [B, Hq, T, D] float32, or None where it does not apply (not a float32
-    CPU query, keys and values not alike in dtype and strides, an additive or per-head mask, no library).
+    CPU query and cache, keys and values not alike in strides, D not a multiple of 8, an additive or
+    per-head mask, no library).
     block: tokens a task of the grouped kernel, 0 for the per-row kernel, None as tokens_per_task routes.
     found: kernels() as a caller resolved it once (LeanModel: a lookup a layer costs ~10 us)."""
     B, Hq, T, D = query.shape
     Hkv, S = key.shape[1], key.shape[2]
-    if (query.device.type != "cpu" or query.dtype != torch.float32 or key.dtype != value.dtype
-            or key.dtype not in (torch.float32, torch.float64) or key.stride() != value.stride() or key.stride(3) != 1
-            or D % 4 or D > 256 or Hq % Hkv or key.shape[0] != B or S < T):
+    if (query.device.type != "cpu" or query.dtype != torch.float32 or key.dtype != torch.float32
+            or value.dtype != torch.float32 or key.stride() != value.stride() or key.stride(3) != 1
+            or D % 8 or D > 256 or Hq % Hkv or key.shape[0] != B or S < T):
         return None
     allowed = None
     if mask is not None:
@@ -232,7 +221,7 @@ def native_attention(query, key, value, mask, scale: float, block: int | None = 
     q = query.contiguous()  # [B, Hq, T, D]
     out = torch.empty(B, Hq, T, D, dtype=torch.float32)
     mask_sb = 0 if allowed is None or allowed.shape[0] == 1 else allowed.stride(0)
-    args = (B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), int(key.dtype == torch.float64),
+    args = (B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), 0,
             key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
             0 if allowed is None else allowed.stride(1), float(scale), out.data_ptr(), threads)
     if found.grouped(*args, block) if block else found.rows(*args):

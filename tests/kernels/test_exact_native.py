@@ -1,17 +1,13 @@
 """The exact attention's C kernels (kernels/exact_attention.c) against its torch float64 path and each other.
 
-The kernels must give the torch path's results (both are float64 rounded once to float32), a tree
-row the bits of a one-token pass over the keys it sees, the same bits from float32 and float64
-storage, and zeros for a row that may see nothing. The grouped kernel must give every row the
-per-row kernel's bits, whatever the mask, batch, storage, head dimension, grouping, block or thread
-count, with its vector exp and without it. The other tests of the exact attention (test_exact.py)
+The kernels (float32, a fixed order) must give the torch path's results to float32's accuracy, a tree
+row the bits of a one-token pass over the keys it sees, and zeros for a row that may see nothing. The
+grouped kernel must give every row the per-row kernel's bits, whatever the mask, batch, head
+dimension, grouping, block or thread count. The other tests of the exact attention (test_exact.py)
 run on whichever path this machine takes.
 """
 
 from __future__ import annotations
-
-import ctypes as ct
-import platform
 
 import pytest
 import torch
@@ -46,17 +42,18 @@ def tree_mask(T: int, S: int, seed: int) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.parametrize("Hq, Hkv, D, T, S", [(9, 3, 64, 1, 200), (9, 3, 64, 8, 120), (4, 4, 32, 5, 5), (8, 1, 64, 130, 140)])
+@pytest.mark.parametrize("Hq, Hkv, D, T, S", [(9, 3, 64, 1, 200), (9, 3, 64, 8, 120), (4, 4, 32, 5, 5),
+                                              (8, 1, 64, 130, 140), (4, 2, 40, 3, 900)])
 @pytest.mark.parametrize("masked", [False, True])
 def test_the_kernel_gives_the_torch_paths_results(monkeypatch, Hq, Hkv, D, T, S, masked):
     torch.manual_seed(T + S)
-    q, k, v = torch.randn(1, Hq, T, D), torch.randn(1, Hkv, S, D), torch.randn(1, Hkv, S, D)
+    q, k, v = torch.randn(1, Hq, T, D) * 2, torch.randn(1, Hkv, S, D), torch.randn(1, Hkv, S, D)
     mask = tree_mask(T, S, seed=S) if masked else None
     got = ea.native_attention(q, k, v, mask, D**-0.5)
     assert got is not None
-    expected = torch_path(monkeypatch, q, k, v, mask)
-    assert torch.allclose(got, expected, rtol=0, atol=1e-6)
-    assert (got != expected).float().mean() < 1e-3  # the same float64 quantities, rounded once: nearly all equal bits
+    expected = torch_path(monkeypatch, q, k, v, mask)  # float64, rounded once
+    assert torch.allclose(got, expected, rtol=1e-5, atol=2e-6)
+    assert not torch.equal(got, expected) or T * S < 100  # float32 sums: not the float64 path's bits
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -72,16 +69,14 @@ def test_a_tree_row_has_the_bits_of_a_one_token_pass_over_the_keys_it_sees(seed)
         assert torch.equal(alone[:, :, 0], tree[:, :, t])
 
 
-def test_float32_and_float64_storage_give_the_same_bits_and_strided_caches_work():
+def test_a_strided_cache_gives_a_contiguous_ones_bits():
     torch.manual_seed(1)
     q = torch.randn(1, 9, 3, 64)
     cache = torch.randn(2, 1, 3, 256, 64)  # [2, B, Hkv, capacity, D]: a preallocated cache, 100 positions used
     k, v = cache[0, :, :, :100], cache[1, :, :, :100]
     mask = tree_mask(3, 100, seed=1)
-    f32 = ea.native_attention(q, k, v, mask, 0.125)
-    f64 = ea.native_attention(q, k.double(), v.double(), mask, 0.125)
-    assert torch.equal(f32, f64)
-    assert torch.equal(f32, ea.native_attention(q, k.contiguous(), v.contiguous(), mask, 0.125))
+    assert torch.equal(ea.native_attention(q, k, v, mask, 0.125),
+                       ea.native_attention(q, k.contiguous(), v.contiguous(), mask, 0.125))
 
 
 def test_what_the_kernel_does_not_take_goes_to_torch():
@@ -90,6 +85,9 @@ def test_what_the_kernel_does_not_take_goes_to_torch():
     assert ea.native_attention(q, k, v, additive, 0.125) is None  # an additive mask
     assert ea.native_attention(q.double(), k.double(), v.double(), None, 0.125) is None  # not a float32 query
     assert ea.native_attention(q, k, v.double(), None, 0.125) is None  # keys and values unlike
+    assert ea.native_attention(q, k.double(), v.double(), None, 0.125) is None  # a float64 cache: the torch path's
+    q12, k12 = torch.randn(1, 4, 2, 12), torch.randn(1, 4, 10, 12)
+    assert ea.native_attention(q12, k12, k12.clone(), None, 0.125) is None  # D not a multiple of 8
     per_head = torch.ones(1, 4, 2, 10, dtype=torch.bool)
     assert ea.native_attention(q, k, v, per_head, 0.125) is None  # a mask per head
     out = ea.exact_attention(q, k, v, additive, 0.125)  # still answered, by the torch path
@@ -139,11 +137,10 @@ def threads(request):
     torch.set_num_threads(saved)
 
 
-@pytest.mark.parametrize("Hq, Hkv, D", [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_grouped_kernel_gives_each_row_the_per_row_kernels_bits(threads, Hq, Hkv, D, dtype):
+@pytest.mark.parametrize("Hq, Hkv, D", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 40)])
+def test_the_grouped_kernel_gives_each_row_the_per_row_kernels_bits(threads, Hq, Hkv, D):
     for seed, (B, T, P) in enumerate([(1, 1, 150), (1, 7, 90), (2, 16, 50), (1, 40, 260)]):
-        k, v = lean_cache(B, Hkv, P + T, D, dtype, seed)
+        k, v = lean_cache(B, Hkv, P + T, D, torch.float32, seed)
         q = torch.randn(B, Hq + Hkv, T, D, generator=torch.Generator().manual_seed(seed))[:, :Hq]  # a view, as LeanModel's
         mask = random_tree_masks(B, T, P + T, seed)
         if B > 1:
@@ -154,45 +151,19 @@ def test_the_grouped_kernel_gives_each_row_the_per_row_kernels_bits(threads, Hq,
         assert_grouped_is_per_row(q, k, v, None, D**-0.5)  # causal: row t sees keys j <= S - T + t
 
 
-def test_a_causal_prefill_of_more_than_128_rows_and_large_scores(threads):
+def test_a_causal_prefill_of_more_than_128_rows_and_large_scores(monkeypatch, threads):
     """One call of 300 causal rows (the torch path cuts it in 128-row blocks; the C kernels do not), and
-    scores far apart: exp(s - m) of arguments below -512 comes from the C library itself."""
-    k, v = lean_cache(1, 3, 310, 64, torch.float64, 5)
+    scores far apart: exp(s - m) of arguments below -87 is 0, as in float32 it all but is."""
+    k, v = lean_cache(1, 3, 310, 64, torch.float32, 5)
     q = torch.randn(1, 9, 300, 64, generator=torch.Generator().manual_seed(5))
     assert_grouped_is_per_row(q, k, v, None, 0.125)
     big = q * 120
-    scores = big[0, 0].double() @ k[0, 0].T * 0.125  # head 0, causal limits aside
+    scores = big[0, 0].double() @ k[0, 0].T.double() * 0.125  # head 0, causal limits aside
     assert (scores.amax(-1) - scores.amin(-1)).max() > 512
     assert_grouped_is_per_row(big, k, v, None, 0.125)
-
-
-@pytest.fixture
-def library_exp():
-    """The grouped kernel with its exp from the C library alone: init with a wrong table turns the vector exp off."""
-    found = ea.kernels()
-    init, _ = native.function("exact_attention", "spectui_exact_attention_init", [ct.POINTER(ct.c_uint64)])
-    wrong = ea.exp_table()
-    wrong[2 * 77 + 1] ^= 1
-    assert init(wrong) == 0
-    yield
-    table = ea.exp_table()
-    assert init(table) == int(found.vector_exp)
-
-
-def test_with_the_c_librarys_exp_alone_the_bits_are_the_same(library_exp):
-    k, v = lean_cache(2, 3, 120, 64, torch.float64, 8)
-    q = torch.randn(2, 9, 20, 64, generator=torch.Generator().manual_seed(8))
-    mask = random_tree_masks(2, 20, 120, 8)
-    with_library_exp = ea.native_attention(q, k, v, mask, 0.125, block=8)
-    assert torch.equal(with_library_exp, ea.native_attention(q, k, v, mask, 0.125, block=0))
-
-
-def test_the_vector_exp_is_used_here():
-    """On x86-64 glibc (2.28 or later: the exp its vector copy follows) the check at load finds them equal."""
-    libc, version = platform.libc_ver()
-    if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 28):
-        pytest.skip(f"{libc} {version}: the kernel calls the C library's exp")
-    assert ea.kernels().vector_exp
+    # scores up to about 10^3 carry float32's rounding (an ulp is 6e-5 there) into every exp(s - m)
+    assert torch.allclose(ea.native_attention(big, k, v, None, 0.125), torch_path(monkeypatch, big, k, v, None),
+                          rtol=0, atol=1e-4)
 
 
 def test_routing():
