@@ -58,9 +58,10 @@ def ordered_children(tree: TokenTree, node: int) -> list[int]:
     return sorted(tree.children(node), key=lambda c: -tree.draft_probs[c])
 
 
-def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """logits [N, V] of the tree nodes -> (accepted node ids, bonus token)."""
-    best = logits.argmax(dim=-1).tolist()  # [N]
+def accept_greedy(tree: TokenTree, logits: torch.Tensor, best: list[int] | None = None) -> tuple[list[int], int]:
+    """logits [N, V] of the tree nodes -> (accepted node ids, bonus token). best: each row's argmax where the
+    caller has it already (the verifier's argmax screen)."""
+    best = logits.argmax(dim=-1).tolist() if best is None else best  # [N]
     node, accepted = 0, []
     while True:
         nxt = tree.child_with_token(node, best[node])

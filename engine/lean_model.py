@@ -178,6 +178,7 @@ class LeanModel:
         self.keep_hidden = False  # keep `hidden`: the final normed hidden states of every row of the last run
         self.hidden: torch.Tensor | None = None  # [B, T, H]
         self.argmax_only = False  # logits only for their argmax: the bf16 screen (kernels/argmax_head.py)
+        self.argmax_rows: list[int] | None = None  # the last run's argmax of each logits row, where the screen knew them
         self._screen: ArgmaxScreen | None = None
 
     @property
@@ -241,6 +242,7 @@ class LeanModel:
         """Append T tokens to each of B sequences: ids and positions [B, T]; mask bool [B|1, 1, T, S]
         (True = attend; S = cached + T) or None (causal). Logits [B, T, V] fp32 ([B, 1, V] if last_only)."""
         (B, T), start = ids.shape, self._length
+        self.argmax_rows = None
         self._reserve(B, start + T)
         S = start + T
         h = self.embed(ids)  # [B, T, H]
@@ -321,7 +323,9 @@ class LeanModel:
         if self.argmax_only and isinstance(self.head, GuardedHead) and screen_supported():
             if self._screen is None:
                 self._screen = ArgmaxScreen(self.head)
-            return self._screen(h)
+            logits = self._screen(h)
+            self.argmax_rows = self._screen.tokens
+            return logits
         return self.head(h).float()
 
     @torch.inference_mode()

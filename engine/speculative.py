@@ -245,7 +245,8 @@ class SpeculativeEngine:
 
     def pick_token(self, logits: torch.Tensor, settings: GenerationSettings, generator) -> int:
         if settings.greedy:
-            return int(logits[-1].argmax())
+            rows = self.argmax_rows(logits)
+            return rows[-1] if rows is not None else int(logits[-1].argmax())
         return sample_token(target_probs(logits[-1:], settings.temperature, settings.top_p)[0], generator)
 
     def speculate_step(self, committed: list[int], drafters, settings, generator, limit: int | None = None) -> StepResult:
@@ -298,10 +299,16 @@ class SpeculativeEngine:
             return self.verifier.forward_chain(tree.tokens)
         return self.verifier.forward_tree(tree)
 
+    def argmax_rows(self, logits: torch.Tensor) -> list[int] | None:
+        """Each row's argmax of the verifier's last logits [N, V] where its argmax screen gave them (LeanModel's
+        `argmax_rows`), else None: the rows would be scanned, V columns each, for the token they already know."""
+        rows = getattr(self.verifier, "argmax_rows", None)
+        return rows if rows is not None and len(rows) == logits.shape[0] else None
+
     def accept_branch(self, tree: TokenTree, logits, settings, generator, log: SamplingLog | None = None) -> tuple[list[int], int]:
         probs = None
         if settings.greedy:
-            accepted, bonus = accept_greedy(tree, logits)
+            accepted, bonus = accept_greedy(tree, logits, self.argmax_rows(logits))
             if settings.detail and len(tree) > 1:
                 probs = torch.softmax(logits, dim=-1)  # for display only
         else:

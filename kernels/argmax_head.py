@@ -148,6 +148,7 @@ class ArgmaxScreen:
         self.weight = W.float().contiguous()  # [V, D] fp32, what the C decision reads (no copy: GuardedHead's)
         self.screened = 0  # rows decided from the screen
         self.recomputed = 0  # rows computed the canonical way
+        self.tokens: list[int] | None = None  # the last call's argmax of each row, where it knew them at no cost
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -158,6 +159,7 @@ class ArgmaxScreen:
         norms = x.norm(dim=-1) * (1 + 1e-5)  # [M]
         slack = 2 * self.eps_per_norm * norms
         picked = self.screen_in_c(x) if self.decide is not None else None
+        self.tokens = None
         if picked is None:
             union, mine = self.candidates(x, norms, slack)  # [U], [M, U]: C per row
             if M == 1 and 0 < len(union) <= MAX_CANDIDATES:  # a one-token step: the same decision, fewer ops
@@ -175,6 +177,8 @@ class ArgmaxScreen:
                     undecided.append(row)
         for row in undecided:  # near-ties and flat rows: the canonical way
             out[row] = self.head.canonical(x[row])
+        if picked is not None:  # each row's argmax, so that a caller need not scan V columns a row for it
+            self.tokens = [t if t >= 0 else int(out[row].argmax()) for row, t in enumerate(token.tolist())]
         self.recomputed += len(undecided)
         self.screened += M - len(undecided)
         return out.view(*lead, -1)

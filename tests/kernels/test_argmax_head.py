@@ -39,9 +39,17 @@ PRODUCTS = [
 def test_the_screen_gives_the_canonical_argmax(seed, product, rows):
     head, X = head_and_rows(seed)
     screen = ArgmaxScreen(head, product)
-    got = torch.cat([screen(X[None, i:i + rows])[0] for i in range(0, len(X), rows)])  # [M, V]: `rows` a call
+    calls, tokens = [], []
+    for i in range(0, len(X), rows):  # `rows` a call
+        calls.append(screen(X[None, i:i + rows])[0])
+        tokens.append(screen.tokens)
+    got = torch.cat(calls)  # [M, V]
     canonical = torch.stack([head.canonical(x) for x in X])  # the one-token way, row by row
     assert torch.equal(got.argmax(-1), canonical.argmax(-1))
+    if screen.decide is not None:  # a C decision names each row's token, planted ties' included
+        assert [t for call in tokens for t in call] == canonical.argmax(-1).tolist()
+    else:
+        assert all(t is None for t in tokens)
     assert screen.recomputed >= 1  # planted ties went the canonical way ...
     assert screen.screened >= X.shape[0] // 2  # ... the other rows were decided by their candidates
     decided = torch.isfinite(got).sum(-1)  # [M]
