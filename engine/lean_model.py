@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from ..kernels.argmax_head import ArgmaxScreen, screen_supported
 from ..kernels.dense_cpu import drafter_kernel
-from ..kernels.exact_attention import exact_attention, prepare_mask
+from ..kernels.exact_attention import exact_attention, prepare_mask, takes_head_dim
 from ..kernels.exact_attention import kernels as exact_kernels
 from ..kernels.glue_cpu import glue
 from ..kernels.guarded_head import GuardedHead
@@ -166,7 +166,7 @@ class LeanModel:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        native = exact_kernels() is not None and self.head_dim % 8 == 0 and self.head_dim <= 256
+        native = exact_kernels() is not None and takes_head_dim(self.head_dim)
         self.cache_dtype = ((torch.float32 if native else torch.float64) if self.exact
                             else model.model.embed_tokens.weight.dtype)
         self.attention_kernels = exact_kernels() if self.exact else None  # exact_attention.c, or None
@@ -242,7 +242,6 @@ class LeanModel:
         """Append T tokens to each of B sequences: ids and positions [B, T]; mask bool [B|1, 1, T, S]
         (True = attend; S = cached + T) or None (causal). Logits [B, T, V] fp32 ([B, 1, V] if last_only)."""
         (B, T), start = ids.shape, self._length
-        self.argmax_rows = None
         self._reserve(B, start + T)
         S = start + T
         h = self.embed(ids)  # [B, T, H]
@@ -317,7 +316,8 @@ class LeanModel:
     def output(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, H] -> logits [N, V] fp32; argmax-only ones from the screen when `argmax_only` is set
         and the screen applies (an exact verifier's GuardedHead on a CPU with AVX512-BF16); from
-        `output_layer` where one is set."""
+        `output_layer` where one is set. Sets `argmax_rows` (None but where the screen gave them)."""
+        self.argmax_rows = None
         if self.output_layer is not None:
             return self.output_layer(h)
         if self.argmax_only and isinstance(self.head, GuardedHead) and screen_supported():

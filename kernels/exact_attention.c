@@ -16,7 +16,7 @@
  * output is a function of its own query and the sequence of keys it sees, nothing else: the same bits in
  * a tree pass (prefix, then its ancestors among other nodes) as in a one-token pass over the committed
  * cache (prefix, then the same ancestors, contiguous), whatever the batch, the other rows, the kernel or
- * the thread count. Keys and values are float32. Built with -ffp-contract=off: only the fused operations
+ * the thread count. Keys and values are float32 (exact_attention.py sends float64 caches to torch). Built with -ffp-contract=off: only the fused operations
  * written here.
  */
 #include <immintrin.h>
@@ -45,18 +45,17 @@ static inline __m256 hsum8x8(__m256 a, __m256 b, __m256 c, __m256 d, __m256 e, _
     return _mm256_add_ps(_mm256_permute2f128_ps(abcd, efgh, 0x20), _mm256_permute2f128_ps(abcd, efgh, 0x31));
 }
 
-/* q [B, Hq, T, D] float32 contiguous; k, v: element (b, g, j, d) at b * kv_sb + g * kv_sh + j * kv_sj + d
- * (float32; kv_double must be 0); mask: NULL (causal: row t sees j <= S - T + t) or uint8 with element
- * (b, t, j) at b * mask_sb + t * mask_st + j (nonzero = may see); out [B, Hq, T, D] float32. D % 8 == 0,
- * D <= 256. One task per query row. Returns 0, 1 if scratch could not be allocated, 2 for float64 keys. */
+/* q [B, Hq, T, D] float32 contiguous; k, v: float32 element (b, g, j, d) at b * kv_sb + g * kv_sh + j * kv_sj + d;
+ * mask: NULL (causal: row t sees j <= S - T + t) or uint8 with element (b, t, j) at b * mask_sb + t * mask_st + j
+ * (nonzero = may see); out [B, Hq, T, D] float32. D % 8 == 0, D <= 256. One task per query row. Returns 0, or 1
+ * if scratch could not be allocated. */
 int spectui_exact_attention(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t S, int64_t D, const float *q,
-                            const void *k, const void *v, int kv_double, int64_t kv_sb, int64_t kv_sh, int64_t kv_sj,
+                            const float *K, const float *V, int64_t kv_sb, int64_t kv_sh, int64_t kv_sj,
                             const uint8_t *mask, int64_t mask_sb, int64_t mask_st, double scale, float *out,
                             int threads) {
-    if (kv_double) return 2;
     const int64_t G = Hq / Hkv, rows = B * Hq * T;
     const int nthreads = threads > 0 ? threads : 1;
-    const float *K = (const float *)k, *V = (const float *)v, sc = (float)scale;
+    const float sc = (float)scale;
     float *scratch = (float *)malloc(sizeof(float) * (S + 8) * nthreads);   /* [threads, S + 8]: scores */
     int32_t *seen = (int32_t *)malloc(sizeof(int32_t) * (S + 8) * nthreads); /* [threads, S + 8]: visible keys */
     if (scratch == NULL || seen == NULL) {
@@ -325,15 +324,13 @@ static void start(const Call *c, const Task *w, float *qs, float *m, float *acc,
 }
 
 /* q [B, Hq, T, D], k, v, mask, out as spectui_exact_attention's; tokens_per_block: tokens of a task (a
- * thread takes whole tasks, the costliest first). Returns 0, 1 if scratch could not be allocated, 2 for
- * float64 keys. */
+ * thread takes whole tasks, the costliest first). Returns 0, or 1 if scratch could not be allocated. */
 int spectui_exact_attention_grouped(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t S, int64_t D,
-                                    const float *q, const void *k, const void *v, int kv_double, int64_t kv_sb,
-                                    int64_t kv_sh, int64_t kv_sj, const uint8_t *mask, int64_t mask_sb,
-                                    int64_t mask_st, double scale, float *out, int threads, int64_t tokens_per_block) {
-    if (kv_double) return 2;
+                                    const float *q, const float *k, const float *v, int64_t kv_sb, int64_t kv_sh,
+                                    int64_t kv_sj, const uint8_t *mask, int64_t mask_sb, int64_t mask_st, double scale,
+                                    float *out, int threads, int64_t tokens_per_block) {
     Call c = {B, Hq, Hkv, T, S, D, Hq / Hkv, tokens_per_block < 1 ? 1 : MIN(tokens_per_block, T), 0, 0, 0, q,
-              (const float *)k, (const float *)v, kv_sb, kv_sh, kv_sj, mask_sb, mask_st, mask, NULL, (float)scale, out};
+              k, v, kv_sb, kv_sh, kv_sj, mask_sb, mask_st, mask, NULL, (float)scale, out};
     c.RP = (c.Tb * c.G + 3) / 4 * 4, c.nblocks = (T + c.Tb - 1) / c.Tb, c.ntasks = B * Hkv * c.nblocks;
     const int nthreads = threads > 0 ? threads : 1;
     const int64_t RP = c.RP, per_thread = RP * (2 * D + S + 2); /* queries, accumulators, scores, max, denominators */

@@ -133,12 +133,17 @@ def exact_attention(
     return out.view(B, Hq, T, D).to(query.dtype)
 
 
-# spectui_exact_attention(B, Hq, Hkv, T, S, D, q, k, v, kv_double, kv_sb, kv_sh, kv_sj, mask, mask_sb, mask_st,
-#                         scale, out, threads); spectui_exact_attention_grouped adds tokens_per_block
-ARGTYPES = [ct.c_int64] * 6 + [ct.c_void_p] * 3 + [ct.c_int] + [ct.c_int64] * 3 + [
+# spectui_exact_attention(B, Hq, Hkv, T, S, D, q, k, v, kv_sb, kv_sh, kv_sj, mask, mask_sb, mask_st, scale, out,
+#                         threads); spectui_exact_attention_grouped adds tokens_per_block
+ARGTYPES = [ct.c_int64] * 6 + [ct.c_void_p] * 3 + [ct.c_int64] * 3 + [
     ct.c_void_p, ct.c_int64, ct.c_int64, ct.c_double, ct.c_void_p, ct.c_int]
 GROUPED_ARGTYPES = ARGTYPES + [ct.c_int64]
 BLOCKS = (16, 8, 4, 2, 1)  # tokens a task of the grouped kernel, most preferred first
+
+
+def takes_head_dim(D: int) -> bool:
+    """Whether the C kernels take heads of D values (8 float32 lanes at a time, at most 256)."""
+    return D % 8 == 0 and D <= 256
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,7 @@ def native_attention(query, key, value, mask, scale: float, block: int | None = 
     Hkv, S = key.shape[1], key.shape[2]
     if (query.device.type != "cpu" or query.dtype != torch.float32 or key.dtype != torch.float32
             or value.dtype != torch.float32 or key.stride() != value.stride() or key.stride(3) != 1
-            or D % 8 or D > 256 or Hq % Hkv or key.shape[0] != B or S < T):
+            or not takes_head_dim(D) or Hq % Hkv or key.shape[0] != B or S < T):
         return None
     allowed = None
     if mask is not None:
@@ -221,8 +226,7 @@ def native_attention(query, key, value, mask, scale: float, block: int | None = 
     q = query.contiguous()  # [B, Hq, T, D]
     out = torch.empty(B, Hq, T, D, dtype=torch.float32)
     mask_sb = 0 if allowed is None or allowed.shape[0] == 1 else allowed.stride(0)
-    args = (B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), 0,
-            key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
+    args = (B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
             0 if allowed is None else allowed.stride(1), float(scale), out.data_ptr(), threads)
     if found.grouped(*args, block) if block else found.rows(*args):
         raise MemoryError("the exact attention kernel could not allocate its scratch")

@@ -34,11 +34,11 @@ typedef int (*rope_fn)(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const floa
                        const float *cos, const float *sin, float *q, float *k, float *v, int64_t ld);
 typedef int (*silu_fn)(int64_t T, int64_t I, const float *gate_up, int64_t ld, float *out, void *exp8);
 typedef int (*attention_fn)(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t S, int64_t D, const float *q,
-                            const void *k, const void *v, int kv_double, int64_t kv_sb, int64_t kv_sh, int64_t kv_sj,
+                            const float *k, const float *v, int64_t kv_sb, int64_t kv_sh, int64_t kv_sj,
                             const uint8_t *mask, int64_t mask_sb, int64_t mask_st, double scale, float *out,
                             int threads);
 typedef int (*grouped_fn)(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t S, int64_t D, const float *q,
-                          const void *k, const void *v, int kv_double, int64_t kv_sb, int64_t kv_sh, int64_t kv_sj,
+                          const float *k, const float *v, int64_t kv_sb, int64_t kv_sh, int64_t kv_sj,
                           const uint8_t *mask, int64_t mask_sb, int64_t mask_st, double scale, float *out,
                           int threads, int64_t tokens_per_block);
 
@@ -85,9 +85,9 @@ static int attend(const Ops *ops, const Call *c, const Layer *layer, const float
     const int64_t S = c->start + c->T, sh = c->capacity * c->D;
     const float *values = keys + c->Hkv * sh;
     if (c->block)
-        return ops->grouped(1, c->Hq, c->Hkv, c->T, S, c->D, q, keys, values, 0, c->Hkv * sh, sh, c->D, c->mask, 0, S,
+        return ops->grouped(1, c->Hq, c->Hkv, c->T, S, c->D, q, keys, values, c->Hkv * sh, sh, c->D, c->mask, 0, S,
                             layer->scale, out, c->threads, c->block);
-    return ops->rows(1, c->Hq, c->Hkv, c->T, S, c->D, q, keys, values, 0, c->Hkv * sh, sh, c->D, c->mask, 0, S,
+    return ops->rows(1, c->Hq, c->Hkv, c->T, S, c->D, q, keys, values, c->Hkv * sh, sh, c->D, c->mask, 0, S,
                      layer->scale, out, c->threads);
 }
 
