@@ -66,7 +66,7 @@ from ..kernels.stack_cpu import stack_for
 from .cached_model import CachedModel, tree_pass
 from .tree import TokenTree
 
-MIN_CAPACITY = 256
+MIN_CAPACITY = 256  # cache positions allocated at least, and kept free beyond a prompt when the cache grows
 ENV_VAR = "SPECTUI_RUNNER"  # "transformers" keeps transformers' forward (for comparison); default auto
 
 
@@ -210,15 +210,19 @@ class LeanModel:
         return self._length
 
     def reset(self) -> None:
-        self.kv, self._length = None, 0
+        """Empty the cache. Its memory stays for the next sequence: a fresh one would be faulted in page by
+        page during the prefill and, sized to the prompt, copied to a larger one at the first step."""
+        self._length = 0
 
     def _reserve(self, batch: int, needed: int) -> None:
-        capacity = 0 if self.kv is None else self.kv.shape[4]
         if self.kv is not None and self.kv.shape[2] != batch:
-            raise ValueError(f"the cache holds {self.kv.shape[2]} sequences, not {batch}: reset it first")
+            if self._length:
+                raise ValueError(f"the cache holds {self.kv.shape[2]} sequences, not {batch}: reset it first")
+            self.kv = None
+        capacity = 0 if self.kv is None else self.kv.shape[4]
         if needed <= capacity:
             return
-        capacity = max(MIN_CAPACITY, 2 * capacity, needed)
+        capacity = max(2 * capacity, needed + MIN_CAPACITY)  # room for the answer beyond a prompt
         kv = torch.empty(len(self.layers), 2, batch, self.kv_heads, capacity, self.head_dim, dtype=self.cache_dtype)
         if self._length:
             kv[..., : self._length, :] = self.kv[..., : self._length, :]
@@ -356,7 +360,7 @@ class LeanModel:
                 every_row(b, logits, self.hidden[0])
                 rows.append(logits[-1:])
             if batch is None:
-                batch = torch.zeros(*self.kv.shape[:2], B, *self.kv.shape[3:4], max(self.kv.shape[4], W),
+                batch = torch.zeros(*self.kv.shape[:2], B, *self.kv.shape[3:4], max(MIN_CAPACITY, W),
                                     self.head_dim, dtype=self.cache_dtype)  # [L, 2, B, Hkv, capacity, D]
             batch[:, :, b, :, W - len(prompt) : W] = self.kv[:, :, 0, :, : len(prompt)]
         self.kv, self._length = batch, W

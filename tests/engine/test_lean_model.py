@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spectui.engine.cached_model import CachedModel
-from spectui.engine.lean_model import ENV_VAR, LeanModel, runner_for, supports
+from spectui.engine.lean_model import ENV_VAR, MIN_CAPACITY, LeanModel, runner_for, supports
 from spectui.engine.loading import load_causal_lm, load_models
 from spectui.engine.presets import resolve_model
 from spectui.engine.tree import TokenTree
@@ -103,6 +103,33 @@ def test_lean_passes_match_transformers_on_a_tiny_random_llama(tiny_dirs, quant)
     assert supports(model)
     torch.manual_seed(0)
     assert same_passes(model, torch.randint(5, 2000, (40,)).tolist()) == 9
+
+
+def test_the_cache_keeps_its_memory_across_sequences_and_room_beyond_a_prompt(tiny_dirs):
+    """A fresh cache sized to its prompt was copied to a larger one at the first step after the prefill
+    (10-15 ms after a 600-token prompt here), and faulted in page by page at every prefill. Now the
+    first growth leaves MIN_CAPACITY positions free and reset() keeps the memory: what a stale buffer
+    holds past the new sequence is never read."""
+    model = load_causal_lm(tiny_dirs["verifier"], "cpu", "nf4", register_tree_attention("exact"))
+    torch.manual_seed(1)
+    long, short = torch.randint(5, 2000, (300,)).tolist(), torch.randint(5, 2000, (40,)).tolist()
+    lean = LeanModel(model)
+    lean.forward_chain(long)
+    buffer = lean.kv
+    assert buffer.shape[4] >= len(long) + MIN_CAPACITY
+    for token in long[:5]:
+        lean.forward_chain([token], last_only=True)
+    assert lean.kv is buffer  # the steps after the prefill wrote into it, no copy
+    lean.reset()
+    again = lean.forward_chain(short)
+    assert lean.kv is buffer and lean.length == len(short)
+    assert torch.equal(again, LeanModel(model).forward_chain(short))
+    lean.prefill_left_padded([short, long[:50]])  # a batch of two replaces it; one sequence again after
+    assert lean.kv.shape[2] == 2
+    with pytest.raises(ValueError):
+        lean.forward_chain([7])  # the batch holds two sequences
+    lean.reset()
+    assert torch.equal(lean.forward_chain(short), again) and lean.kv.shape[2] == 1
 
 
 def test_the_runner_is_chosen_by_what_the_model_is(tiny_dirs, tmp_path, embedded_dir, monkeypatch):
