@@ -107,7 +107,7 @@ def test_lean_passes_match_transformers_on_a_tiny_random_llama(tiny_dirs, quant)
 
 def test_the_cache_keeps_its_memory_across_sequences_and_room_beyond_a_prompt(tiny_dirs):
     """A fresh cache sized to its prompt was copied to a larger one at the first step after the prefill
-    (10-15 ms after a 600-token prompt here), and faulted in page by page at every prefill. Now the
+    (8-15 ms after a 600-token prompt here), and faulted in page by page at every prefill. Now the
     first growth leaves MIN_CAPACITY positions free and reset() keeps the memory: what a stale buffer
     holds past the new sequence is never read."""
     model = load_causal_lm(tiny_dirs["verifier"], "cpu", "nf4", register_tree_attention("exact"))
