@@ -16,8 +16,8 @@
  * output is a function of its own query and the sequence of keys it sees, nothing else: the same bits in
  * a tree pass (prefix, then its ancestors among other nodes) as in a one-token pass over the committed
  * cache (prefix, then the same ancestors, contiguous), whatever the batch, the other rows, the kernel or
- * the thread count. Keys and values are float32 (exact_attention.py sends float64 caches to torch). Built with -ffp-contract=off: only the fused operations
- * written here.
+ * the thread count. Keys and values are float32 (exact_attention.py sends float64 caches to torch). Built
+ * with -ffp-contract=off: only the fused operations written here.
  */
 #include <immintrin.h>
 #include <math.h>

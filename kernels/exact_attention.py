@@ -226,7 +226,8 @@ def native_attention(query, key, value, mask, scale: float, block: int | None = 
     q = query.contiguous()  # [B, Hq, T, D]
     out = torch.empty(B, Hq, T, D, dtype=torch.float32)
     mask_sb = 0 if allowed is None or allowed.shape[0] == 1 else allowed.stride(0)
-    args = (B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), key.stride(0), key.stride(1), key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
+    args = (B, Hq, Hkv, T, S, D, q.data_ptr(), key.data_ptr(), value.data_ptr(), key.stride(0), key.stride(1),
+            key.stride(2), None if allowed is None else allowed.data_ptr(), mask_sb,
             0 if allowed is None else allowed.stride(1), float(scale), out.data_ptr(), threads)
     if found.grouped(*args, block) if block else found.rows(*args):
         raise MemoryError("the exact attention kernel could not allocate its scratch")
