@@ -427,3 +427,25 @@ def test_the_step_keeps_the_best_subtree_of_everything_drafted(merge, node_ms):
     if node_ms < 0.01:  # every level ran: the last one's nodes are in the choice
         assert max(d for d, sources in zip(drafter.tree.depths, drafter.tree.sources) if sources & 2) == MAX_DEPTH
     assert (len(whole) < len(drafter.tree)) == (merge == "vote")  # the vote keeps 3 alone under the root
+
+
+def test_a_node_must_beat_the_margin_over_the_rate_not_the_rate_alone():
+    """NODE_MARGIN: a drafted node whose expected tokens only just beat R times the ms it adds is left out
+    (the nodes a step takes are those whose predictions flatter them most); one above the margin is kept."""
+    from spectui.engine.acceptance_model import AcceptanceModel
+    from spectui.engine.auto_tree import NODE_MARGIN, AutoDrafting
+    from spectui.engine.costs import CostModel
+
+    costs = CostModel({t: 10.0 + 1.0 * (t - 1) for t in (1, 2, 4, 8, 16, 32, 64)})  # a node adds 1 ms
+    auto = AutoDrafting(costs, AcceptanceModel(kinds={}))
+    assert NODE_MARGIN > 1 and auto.target_rate() == pytest.approx(NODE_MARGIN / 10.0)
+    auto.observe_rate(3, 20.0)  # a realised 0.15 tokens per ms beats an incremental step's 0.1
+    assert auto.target_rate() == pytest.approx(NODE_MARGIN * 0.15)
+    auto.realised = None
+    tree = TokenTree.with_root(0)
+    tree.add_path([1], 0)
+    just_above_r = 0.5 * (1 + NODE_MARGIN) * 0.1  # v > R * 1 ms, v < NODE_MARGIN * R * 1 ms
+    for v, kept in ((just_above_r, False), (NODE_MARGIN * 0.1 + 0.01, True)):
+        plan = select_nodes(tree, [1.0, v], costs.verify, auto.target_rate())
+        assert plan.size == (2 if kept else 1)
+        assert select_nodes(tree, [1.0, v], costs.verify, 0.1).size == 2  # at R alone both would pay
