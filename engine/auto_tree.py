@@ -21,10 +21,10 @@ never worse than an incremental step.
 The rate a node must beat is NODE_MARGIN times that R. The nodes a step takes are those whose
 predicted v is highest, so their predictions are the likeliest to flatter them (the winner's curse
 of choosing by an estimate): a node predicted just above R * its ms is worth less than that in
-expectation. Three A/Bs in one process on held-out tuning prompts (20-40 short and 6-8 long each, 64
-tokens, 3 rounds each, interleaved; docs/performance.md, stop 62): auto at 1.25 R over auto at R read
-1.020x on the short prompts (rounds 0.954-1.063) and 1.008x on the long ones, with trees 0.1-0.3
-tokens a step smaller and the slowest prompt's median higher in both larger runs.
+expectation. Three A/Bs, each in one process, on held-out tuning prompts (20-40 short and 6-8 long
+each, 64 tokens, 3 rounds each, interleaved; docs/performance.md, stop 62): auto at 1.25 R over auto
+at R read 1.020x on the short prompts (rounds 0.954-1.063) and 1.008x on the long ones, with trees
+0.1-0.3 tokens a step smaller and the slowest prompt's median higher in both larger runs.
 
 select_nodes: v never grows down a path (a <= 1), so the nodes sorted by decreasing v (ties by
 index, which puts parents first) give, for every k, a valid tree of the k best nodes: the best
