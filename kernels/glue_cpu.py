@@ -47,10 +47,10 @@ class Glue:
     def __init__(self, rms, rope, silu=None, silu_f32=None) -> None:
         self._rms, self._rope = rms, rope
         self._sum_checked: dict[tuple[int, bool], bool] = {}  # (row length, fp32 out) -> the C sum of squares is torch's
-        self._silu, self._exp16 = (silu, torch_exp("AVX512", "Sleef_expf16_u10")) if silu is not None else (None, None)
+        self._silu, self._exp16 = (silu, torch_exp(("AVX512",), "Sleef_expf16_u10")) if silu is not None else (None, None)
         if self._exp16 is None or not self._silu_matches_torch(self.silu_mul_bf16, torch.bfloat16):
             self._silu = None  # silu_mul_bf16 keeps torch's ops
-        self._silu_f32, self._exp8 = (silu_f32, torch_exp("AVX2", "Sleef_expf8_u10")) if silu_f32 is not None else (None, None)
+        self._silu_f32, self._exp8 = (silu_f32, torch_exp(("AVX2", "AVX512"), "Sleef_expf8_u10")) if silu_f32 is not None else (None, None)
         if self._exp8 is None or not self._silu_matches_torch(self.silu_mul_f32, torch.float32):
             self._silu_f32 = None  # silu_mul_f32 keeps torch's ops
 
@@ -142,11 +142,12 @@ class Glue:
         return q
 
 
-def torch_exp(capability: str, name: str) -> int | None:
+def torch_exp(capabilities: tuple[str, ...], name: str) -> int | None:
     """The address of libtorch_cpu's `name` (Sleef_expf16_u10: torch's exp for 16 floats on AVX512
-    CPUs; Sleef_expf8_u10: for 8 on AVX2 ones), or None where torch's kernels are not the
-    `capability` ones or the library does not export it."""
-    if torch.backends.cpu.get_cpu_capability() != capability:
+    CPUs; Sleef_expf8_u10: for 8, on AVX2 CPUs and on AVX512 ones, where torch's own silu runs the 16-lane
+    exp and the C silu's bits are checked against it), or None where torch's kernels are none of the
+    `capabilities` or the library does not export it."""
+    if torch.backends.cpu.get_cpu_capability() not in capabilities:
         return None
     try:
         lib = ct.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
