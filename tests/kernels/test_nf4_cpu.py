@@ -7,6 +7,8 @@ bitsandbytes' fp32 path. And where the kernel cannot serve, the layers stay bits
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -156,3 +158,38 @@ def test_training_keeps_bitsandbytes_path(tmp_path):
     y = layer(x)  # grad enabled and an input that wants it: bitsandbytes' autograd path
     y.sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("shape", [(12, 64, 32), (960, 576, 64), (576, 1536, 64), (8, 256, 128)])  # (N, K, block)
+def test_the_avx512_path_gives_the_avx2_paths_bits(tmp_path, shape):
+    fn, why = native.function("nf4_cpu", "spectui_nf4_matmul", nf4_cpu.ARGTYPES, tmp_path)
+    assert fn is not None, why
+    if not nf4_cpu.set_avx512(True):
+        pytest.skip("this CPU lacks AVX-512 F/BW/DQ/VL")
+    from bitsandbytes.functional import get_4bit_type
+
+    N, K, bs = shape
+    gen = torch.Generator().manual_seed(N + K)
+    w = torch.randint(0, 256, (N * K // 2,), dtype=torch.uint8, generator=gen)
+    absmax = torch.rand(N * K // bs, generator=gen) + 0.01
+    code = get_4bit_type("nf4", device="cpu").float().contiguous()
+
+    def product(x: torch.Tensor, add: bool, threads: int) -> torch.Tensor:
+        y = torch.randn(x.shape[0], N, generator=torch.Generator().manual_seed(1)) if add else torch.empty(x.shape[0], N)
+        assert fn(x.shape[0], N, K, x.data_ptr(), K, w.data_ptr(), absmax.data_ptr(), bs, code.data_ptr(),
+                  y.data_ptr(), N, threads, int(add)) == 0
+        return y
+
+    try:
+        for M in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 50):
+            # magnitudes 2^-8 .. 2^8, so that another order of the sum would show in the last bits
+            x = torch.randn(M, K, generator=gen) * torch.exp2(torch.randint(-8, 9, (M, K), generator=gen).float())
+            for add, threads in ((False, 2), (True, 1)):
+                nf4_cpu.set_avx512(True)
+                wide = product(x, add, threads)
+                nf4_cpu.set_avx512(False)
+                narrow = product(x, add, threads)
+                assert torch.equal(wide.view(torch.int32), narrow.view(torch.int32)), (M, add, threads)
+                assert wide.abs().sum() > 0
+    finally:
+        nf4_cpu.set_avx512(os.environ.get(nf4_cpu.AVX512_VAR, "1").strip() != "0")
