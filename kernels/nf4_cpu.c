@@ -297,6 +297,8 @@ INLINE512 void decode_pair(__m128i bytes, __m512 code, __m512 s, __m512 *even, _
 #define CHUNK2_512(acc, x)                                                                                    \
     acc = _mm512_fmadd_ps(BCAST(x, 8), o0, _mm512_fmadd_ps(BCAST(x, 0), e0, acc));                           \
     acc = _mm512_fmadd_ps(BCAST(x, 24), o1, _mm512_fmadd_ps(BCAST(x, 16), e1, acc))
+/* the next task's weight bytes at p into cache while this task computes (a prefetch past w's end never faults) */
+#define PREFETCH_NEXT(p) _mm_prefetch((p), _MM_HINT_T0)
 #define SCALES(sa_, sb_) _mm512_insertf32x8(_mm512_set1_ps(sa_), _mm256_set1_ps(sb_), 1)
 /* a pair's sums: row a's from lanes 0-7, row b's from lanes 8-15, each in hsum's order */
 #define STORE_PAIR(acc, ya_, yb_)                                         \
@@ -315,8 +317,10 @@ static T512 void gemv_rows_512(int64_t n0, int64_t K, const float *x, const uint
         r[i] = w + (n0 + i) * K / 2;
         sc[i] = absmax + (n0 + i) * (K / bs);
     }
+    const char *next = (const char *)(w + (n0 + 8) * K / 2); /* the next task's 8 rows: 4 K bytes, 128 an iteration */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     CHUNKS(b) {
+        PREFETCH_NEXT(next + 4 * k); PREFETCH_NEXT(next + 4 * k + 64);
         { DECODE_PAIR(r[0], r[1], SCALES(sc[0][b], sc[1][b])); CHUNK2_512(a0, x); }
         { DECODE_PAIR(r[2], r[3], SCALES(sc[2][b], sc[3][b])); CHUNK2_512(a1, x); }
         { DECODE_PAIR(r[4], r[5], SCALES(sc[4][b], sc[5][b])); CHUNK2_512(a2, x); }
@@ -334,8 +338,10 @@ INLINE512 void gemv_two_pairs_512(int rows, int64_t n0, int64_t K, const float *
     const __m512 code = _mm512_loadu_ps(code16);
     const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2, *r2 = r1 + K / 2, *r3 = r2 + K / 2;
     const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs, *s2 = s1 + K / bs, *s3 = s2 + K / bs;
+    const char *next = (const char *)(w + (n0 + 4) * K / 2); /* the next task's 4 rows: 64 bytes an iteration */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     CHUNKS(blk) {
+        PREFETCH_NEXT(next + 2 * k);
         {
             DECODE_PAIR(r0, r1, SCALES(s0[blk], s1[blk]));
             CHUNK2_512(a0, xs[0]); CHUNK2_512(a1, xs[1]);
@@ -362,8 +368,10 @@ INLINE512 void gemv_one_pair_512(int rows, int64_t n0, int64_t K, const float *c
     const __m512 code = _mm512_loadu_ps(code16);
     const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
     const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
+    const char *next = (const char *)(w + (n0 + 2) * K / 2); /* the next task's 2 rows: 32 bytes an iteration */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     CHUNKS(blk) {
+        PREFETCH_NEXT(next + k);
         DECODE_PAIR(r0, r1, SCALES(s0[blk], s1[blk]));
         CHUNK2_512(a0, xs[0]); CHUNK2_512(a1, xs[1]); CHUNK2_512(a2, xs[2]); CHUNK2_512(a3, xs[3]);
         CHUNK2_512(a4, xs[4]);
