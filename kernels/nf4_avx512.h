@@ -1,0 +1,247 @@
+/* kernels/nf4_cpu.c's AVX-512 path, included by it after its AVX2 loops (it uses their macros, CHUNKS and
+ * hsum, and gemv_rows for a last four rows): a header so that nf4_cpu.c stays one build and one library
+ * (kernels/native.py's build key covers this folder's headers). */
+#pragma once
+/* AVX-512 (F, BW, DQ, VL) without changing a bit. A zmm holds two weight rows side by side, row a in
+ * lanes 0-7 and row b in lanes 8-15, so each half runs exactly nf4_cpu.c's 8-lane order for its row; the
+ * input's 8 values are broadcast to both halves. A group's code values come from one lane permute of
+ * the code itself (vpermps: 16 fp32 entries, a nibble an index) instead of the four byte planes' shuffles
+ * and unpacks: per 16 weights of two rows, one byte widening, a shift, an and and two permutes. Each
+ * product W = code[q] * s is the same one fp32 multiply, and each fused multiply-add the same, so y has
+ * the AVX2 path's bits (tests/kernels/test_nf4_cpu.py compares them). Chosen at run time where the CPU
+ * has these extensions (Intel Skylake-SP and later, AMD Zen 4); `spectui_nf4_set_avx512(0)` turns it off. */
+#define T512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#define INLINE512 static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+static int use_avx512 = -1; /* -1: not yet asked; then 0 or 1 */
+
+int spectui_nf4_set_avx512(int on) { /* -> whether the AVX-512 path now runs (on where the CPU has it) */
+    use_avx512 = on && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    return use_avx512;
+}
+
+/* One group of two rows: bytes [a's 8 bytes, b's 8 bytes] -> even (high nibbles: k = 2j in lane j of each
+ * half) and odd (low nibbles), times s ([s_a x 8, s_b x 8]). */
+INLINE512 void decode_pair(__m128i bytes, __m512 code, __m512 s, __m512 *even, __m512 *odd) {
+    const __m512i z = _mm512_cvtepu8_epi32(bytes); /* [16] one byte a lane */
+    *even = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), code), s);
+    *odd = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(z, _mm512_set1_epi32(15)), code), s);
+}
+
+/* A chunk (32 weights) of rows a, b at k: group 0's even/odd (e0, o0) and group 1's (e1, o1). */
+#define DECODE_PAIR(ra_, rb_, s_)                                                                      \
+    __m512 e0, o0, e1, o1;                                                                             \
+    {                                                                                                  \
+        const __m128i ba = _mm_loadu_si128((const __m128i *)((ra_) + k / 2));                          \
+        const __m128i bb = _mm_loadu_si128((const __m128i *)((rb_) + k / 2));                          \
+        decode_pair(_mm_unpacklo_epi64(ba, bb), code, s_, &e0, &o0);                                   \
+        decode_pair(_mm_unpackhi_epi64(ba, bb), code, s_, &e1, &o1);                                   \
+    }
+/* xp's 8 values at x + k + off in both halves */
+#define BCAST(x, off) _mm512_broadcast_f32x8(_mm256_loadu_ps((x) + k + (off)))
+/* the chunk's two groups of input row x into acc, in the header's order (as CHUNK2) */
+#define CHUNK2_512(acc, x)                                                                                    \
+    acc = _mm512_fmadd_ps(BCAST(x, 8), o0, _mm512_fmadd_ps(BCAST(x, 0), e0, acc));                           \
+    acc = _mm512_fmadd_ps(BCAST(x, 24), o1, _mm512_fmadd_ps(BCAST(x, 16), e1, acc))
+/* the next task's weight bytes at p into cache while this task computes (a prefetch past w's end never faults) */
+#define PREFETCH_NEXT(p) _mm_prefetch((p), _MM_HINT_T0)
+#define SCALES(sa_, sb_) _mm512_insertf32x8(_mm512_set1_ps(sa_), _mm256_set1_ps(sb_), 1)
+/* a pair's sums: row a's from lanes 0-7, row b's from lanes 8-15, each in hsum's order */
+#define STORE_PAIR(acc, ya_, yb_)                                         \
+    {                                                                     \
+        ya_ = hsum(_mm512_castps512_ps256(acc));                          \
+        yb_ = hsum(_mm512_extractf32x8_ps(acc, 1));                       \
+    }
+
+/* M = 1: weight rows n0 .. n0 + 7 as four pairs, four independent chains. */
+static T512 void gemv_rows_512(int64_t n0, int64_t K, const float *x, const uint8_t *w, const float *absmax,
+                               int64_t bs, const float *code16, float *y) {
+    const __m512 code = _mm512_loadu_ps(code16);
+    const uint8_t *r[8];
+    const float *sc[8];
+    for (int i = 0; i < 8; i++) {
+        r[i] = w + (n0 + i) * K / 2;
+        sc[i] = absmax + (n0 + i) * (K / bs);
+    }
+    const char *next = (const char *)(w + (n0 + 8) * K / 2); /* the next task's 8 rows: 4 K bytes, 128 an iteration */
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    CHUNKS(b) {
+        PREFETCH_NEXT(next + 4 * k); PREFETCH_NEXT(next + 4 * k + 64);
+        { DECODE_PAIR(r[0], r[1], SCALES(sc[0][b], sc[1][b])); CHUNK2_512(a0, x); }
+        { DECODE_PAIR(r[2], r[3], SCALES(sc[2][b], sc[3][b])); CHUNK2_512(a1, x); }
+        { DECODE_PAIR(r[4], r[5], SCALES(sc[4][b], sc[5][b])); CHUNK2_512(a2, x); }
+        { DECODE_PAIR(r[6], r[7], SCALES(sc[6][b], sc[7][b])); CHUNK2_512(a3, x); }
+    }
+    STORE_PAIR(a0, y[n0], y[n0 + 1]);
+    STORE_PAIR(a1, y[n0 + 2], y[n0 + 3]);
+    STORE_PAIR(a2, y[n0 + 4], y[n0 + 5]);
+    STORE_PAIR(a3, y[n0 + 6], y[n0 + 7]);
+}
+
+/* M = rows = 2 to 4: weight rows n0 .. n0 + 3 as two pairs, each decoded chunk serving every input row. */
+INLINE512 void gemv_two_pairs_512(int rows, int64_t n0, int64_t K, const float *const xs[8], const uint8_t *w,
+                                  const float *absmax, int64_t bs, const float *code16, float *const ys[8]) {
+    const __m512 code = _mm512_loadu_ps(code16);
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2, *r2 = r1 + K / 2, *r3 = r2 + K / 2;
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs, *s2 = s1 + K / bs, *s3 = s2 + K / bs;
+    const char *next = (const char *)(w + (n0 + 4) * K / 2); /* the next task's 4 rows: 64 bytes an iteration */
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    CHUNKS(blk) {
+        PREFETCH_NEXT(next + 2 * k);
+        {
+            DECODE_PAIR(r0, r1, SCALES(s0[blk], s1[blk]));
+            CHUNK2_512(a0, xs[0]); CHUNK2_512(a1, xs[1]);
+            if (rows > 2) { CHUNK2_512(a2, xs[2]); }
+            if (rows > 3) { CHUNK2_512(a3, xs[3]); }
+        }
+        {
+            DECODE_PAIR(r2, r3, SCALES(s2[blk], s3[blk]));
+            CHUNK2_512(b0, xs[0]); CHUNK2_512(b1, xs[1]);
+            if (rows > 2) { CHUNK2_512(b2, xs[2]); }
+            if (rows > 3) { CHUNK2_512(b3, xs[3]); }
+        }
+    }
+    const __m512 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};
+    for (int i = 0; i < rows; i++) {
+        STORE_PAIR(a[i], ys[i][n0], ys[i][n0 + 1]);
+        STORE_PAIR(b[i], ys[i][n0 + 2], ys[i][n0 + 3]);
+    }
+}
+
+/* M = rows = 5 to 8: weight rows n0, n0 + 1 as one pair, each decoded chunk serving every input row. */
+INLINE512 void gemv_one_pair_512(int rows, int64_t n0, int64_t K, const float *const xs[8], const uint8_t *w,
+                                 const float *absmax, int64_t bs, const float *code16, float *const ys[8]) {
+    const __m512 code = _mm512_loadu_ps(code16);
+    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
+    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
+    const char *next = (const char *)(w + (n0 + 2) * K / 2); /* the next task's 2 rows: 32 bytes an iteration */
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    CHUNKS(blk) {
+        PREFETCH_NEXT(next + k);
+        DECODE_PAIR(r0, r1, SCALES(s0[blk], s1[blk]));
+        CHUNK2_512(a0, xs[0]); CHUNK2_512(a1, xs[1]); CHUNK2_512(a2, xs[2]); CHUNK2_512(a3, xs[3]);
+        CHUNK2_512(a4, xs[4]);
+        if (rows > 5) { CHUNK2_512(a5, xs[5]); }
+        if (rows > 6) { CHUNK2_512(a6, xs[6]); }
+        if (rows > 7) { CHUNK2_512(a7, xs[7]); }
+    }
+    const __m512 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int i = 0; i < rows; i++) STORE_PAIR(a[i], ys[i][n0], ys[i][n0 + 1]);
+}
+
+#define FOR_ROWS_512(name, inner, rows)                                                                        \
+    static T512 void name(int64_t n, int64_t K, const float *const xs[8], const uint8_t *w, const float *absmax,  \
+                          int64_t bs, const float *code16, float *const ys[8]) {                                 \
+        inner(rows, n, K, xs, w, absmax, bs, code16, ys);                                                        \
+    }
+FOR_ROWS_512(gemv2_512, gemv_two_pairs_512, 2)
+FOR_ROWS_512(gemv3_512, gemv_two_pairs_512, 3)
+FOR_ROWS_512(gemv4_512, gemv_two_pairs_512, 4)
+FOR_ROWS_512(gemv5_512, gemv_one_pair_512, 5)
+FOR_ROWS_512(gemv6_512, gemv_one_pair_512, 6)
+FOR_ROWS_512(gemv7_512, gemv_one_pair_512, 7)
+FOR_ROWS_512(gemv8_512, gemv_one_pair_512, 8)
+
+typedef void (*gemv512_fn)(int64_t, int64_t, const float *const *, const uint8_t *, const float *, int64_t,
+                           const float *, float *const *);
+
+/* M > 8 (prefill) on the AVX-512 path: weight rows n0 .. n0 + 3 dequantised once into scratch as two
+ * pairs, each pair's rows interleaved 8 values at a time ([2][K / 8][16]: one zmm load gives rows a and b
+ * at the same k), then every input row's products with them, six input rows a pass. */
+static T512 void dequant_pairs_512(int64_t n0, int64_t K, const uint8_t *w, const float *absmax, int64_t bs,
+                                   const float *code16, float *scratch) {
+    const __m512 code = _mm512_loadu_ps(code16);
+    for (int pair = 0; pair < 2; pair++) {
+        const int64_t na = n0 + 2 * pair;
+        const uint8_t *ra = w + na * K / 2, *rb = ra + K / 2;
+        const float *sa = absmax + na * (K / bs), *sb = sa + K / bs;
+        float *out = scratch + pair * 2 * K;
+        CHUNKS(blk) {
+            DECODE_PAIR(ra, rb, SCALES(sa[blk], sb[blk]));
+            _mm512_storeu_ps(out + 2 * k, e0); /* k .. k + 7 (xp's order) of both rows */
+            _mm512_storeu_ps(out + 2 * k + 16, o0);
+            _mm512_storeu_ps(out + 2 * k + 32, e1);
+            _mm512_storeu_ps(out + 2 * k + 48, o1);
+        }
+    }
+}
+
+/* y[m + i, n0 .. n0 + 3] for six input rows (dot6_512) or one (dot1_512) from the dequantised pairs, each
+ * sum over k in steps of 8 in xp's order (dot_rows_3's). Accumulators named one by one: as an array in a
+ * loop over the rows, gcc kept them in memory. */
+#define DOT_ROW(i) \
+    { const __m512 u = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (i) * ldx + k)); \
+      a##i = _mm512_fmadd_ps(u, w01, a##i); b##i = _mm512_fmadd_ps(u, w23, b##i); }
+#define DOT_STORE(i)                                                           \
+    STORE_PAIR(a##i, y[(i) * ldy + n0], y[(i) * ldy + n0 + 1]);                \
+    STORE_PAIR(b##i, y[(i) * ldy + n0 + 2], y[(i) * ldy + n0 + 3])
+
+static T512 __attribute__((noinline)) void dot6_512(int64_t K, const float *x, int64_t ldx, const float *scratch,
+                                                    float *y, int64_t ldy, int64_t n0) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        const __m512 w01 = _mm512_loadu_ps(scratch + 2 * k), w23 = _mm512_loadu_ps(scratch + 2 * K + 2 * k);
+        DOT_ROW(0) DOT_ROW(1) DOT_ROW(2) DOT_ROW(3) DOT_ROW(4) DOT_ROW(5)
+    }
+    DOT_STORE(0); DOT_STORE(1); DOT_STORE(2); DOT_STORE(3); DOT_STORE(4); DOT_STORE(5);
+}
+
+static T512 __attribute__((noinline)) void dot1_512(int64_t K, const float *x, int64_t ldx, const float *scratch,
+                                                    float *y, int64_t ldy, int64_t n0) {
+    __m512 a0 = _mm512_setzero_ps(), b0 = a0;
+    for (int64_t k = 0; k < K; k += 8) {
+        const __m512 w01 = _mm512_loadu_ps(scratch + 2 * k), w23 = _mm512_loadu_ps(scratch + 2 * K + 2 * k);
+        DOT_ROW(0)
+    }
+    DOT_STORE(0);
+}
+
+static int matmul_many_512(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
+                           const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads) {
+    float *scratch = (float *)alloc64(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, 2, K / 8, 16] */
+    if (scratch == NULL) return 1;
+#pragma omp parallel num_threads(threads)
+    {
+        float *mine = scratch + (int64_t)omp_get_thread_num() * ROWS * K;
+        for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
+            const int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < N / ROWS; g++) {
+                const int64_t n0 = g * ROWS;
+                dequant_pairs_512(n0, K, w, absmax, bs, code, mine);
+                int64_t m = m0;
+                for (; m + 5 < m1; m += 6) dot6_512(K, x + m * ldx, ldx, mine, y + m * ldy, ldy, n0);
+                for (; m < m1; m++) dot1_512(K, x + m * ldx, ldx, mine, y + m * ldy, ldy, n0);
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
+/* M = 1 to 8 on the AVX-512 path (the caller checks use_avx512). */
+static void matmul_512(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
+                       const float *absmax, int64_t bs, const float *code, const Planes *p, float *y, int64_t ldy,
+                       int threads) {
+    if (M == 1) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / 8; g++)
+            gemv_rows_512(g * 8, K, x, w, absmax, bs, code, y);
+        if (N % 8) gemv_rows(N - 4, K, x, w, absmax, bs, p, y); /* N % 4 == 0: the last four rows, the same bits */
+        return;
+    }
+    const float *xs[8];
+    float *ys[8];
+    for (int i = 0; i < M; i++) {
+        xs[i] = x + i * ldx;
+        ys[i] = y + i * ldy;
+    }
+    static const gemv512_fn by_rows[9] = {0, 0, gemv2_512, gemv3_512, gemv4_512, gemv5_512, gemv6_512, gemv7_512, gemv8_512};
+    const gemv512_fn fn = by_rows[M];
+    const int64_t step = M <= 4 ? 4 : 2; /* weight rows a task */
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < N / step; g++)
+        fn(g * step, K, xs, w, absmax, bs, code, ys);
+}
