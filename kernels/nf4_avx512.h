@@ -148,7 +148,7 @@ typedef void (*gemv512_fn)(int64_t, int64_t, const float *const *, const uint8_t
 
 /* M > 8 (prefill) on the AVX-512 path: weight rows n0 .. n0 + 3 dequantised once into scratch as two
  * pairs, each pair's rows interleaved 8 values at a time ([2][K / 8][16]: one zmm load gives rows a and b
- * at the same k), then every input row's products with them, six input rows a pass. */
+ * at the same k), then every input row's products with them, six input rows a pass (prefill_task_512). */
 static T512 void dequant_pairs_512(int64_t n0, int64_t K, const uint8_t *w, const float *absmax, int64_t bs,
                                    const float *code16, float *scratch) {
     const __m512 code = _mm512_loadu_ps(code16);
@@ -198,27 +198,15 @@ static T512 __attribute__((noinline)) void dot1_512(int64_t K, const float *x, i
     DOT_STORE(0);
 }
 
-static int matmul_many_512(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
-                           const float *absmax, int64_t bs, const float *code, float *y, int64_t ldy, int threads) {
-    float *scratch = (float *)alloc64(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, 2, K / 8, 16] */
-    if (scratch == NULL) return 1;
-#pragma omp parallel num_threads(threads)
-    {
-        float *mine = scratch + (int64_t)omp_get_thread_num() * ROWS * K;
-        for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
-            const int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
-#pragma omp for schedule(static)
-            for (int64_t g = 0; g < N / ROWS; g++) {
-                const int64_t n0 = g * ROWS;
-                dequant_pairs_512(n0, K, w, absmax, bs, code, mine);
-                int64_t m = m0;
-                for (; m + 5 < m1; m += 6) dot6_512(K, x + m * ldx, ldx, mine, y + m * ldy, ldy, n0);
-                for (; m < m1; m++) dot1_512(K, x + m * ldx, ldx, mine, y + m * ldy, ldy, n0);
-            }
-        }
-    }
-    free(scratch);
-    return 0;
+/* A prefill task on the AVX-512 path: weight rows n0 .. n0 + 3 into `mine` (dequant_pairs_512), then their
+ * products with input rows m0 .. m1 - 1 (nf4_cpu.c's prefill loop: the same blocks, scratch and threads). */
+static void prefill_task_512(int64_t n0, int64_t m0, int64_t m1, int64_t K, const float *x, int64_t ldx,
+                             const uint8_t *w, const float *absmax, int64_t bs, const float *code, float *mine,
+                             float *y, int64_t ldy) {
+    dequant_pairs_512(n0, K, w, absmax, bs, code, mine);
+    int64_t m = m0;
+    for (; m + 5 < m1; m += 6) dot6_512(K, x + m * ldx, ldx, mine, y + m * ldy, ldy, n0);
+    for (; m < m1; m++) dot1_512(K, x + m * ldx, ldx, mine, y + m * ldy, ldy, n0);
 }
 
 /* M = 1 to 8 on the AVX-512 path (the caller checks use_avx512). */

@@ -255,7 +255,7 @@ FOR_ROWS(gemv6_row, gemv_one_row, 6)
 FOR_ROWS(gemv7_row, gemv_one_row, 7)
 FOR_ROWS(gemv8_row, gemv_one_row, 8)
 
-#include "nf4_avx512.h" /* the AVX-512 path: matmul_512, matmul_many_512, use_avx512 */
+#include "nf4_avx512.h" /* the AVX-512 path: matmul_512, prefill_task_512, use_avx512 */
 
 /* y [M, ldy] = x [M, ldx] @ W^T for W [N, K] in 4 bits, x's rows read through xp (the header's order). */
 static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const uint8_t *w,
@@ -266,7 +266,6 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
         matmul_512(M, N, K, x, ldx, w, absmax, bs, code, p, y, ldy, threads);
         return 0;
     }
-    if (use_avx512) return matmul_many_512(M, N, K, x, ldx, w, absmax, bs, code, y, ldy, threads);
     if (M == 1) {
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t g = 0; g < N / ROWS; g++)
@@ -295,7 +294,7 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
         }
         return 0;
     }
-    float *scratch = (float *)alloc64(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, ROWS, K] */
+    float *scratch = (float *)alloc64(sizeof(float) * ROWS * K * (threads > 0 ? threads : 1)); /* [threads, ROWS, K] (or [threads, 2, K / 8, 16]) */
     if (scratch == NULL) return 1;
 #pragma omp parallel num_threads(threads)
     {
@@ -305,6 +304,10 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
 #pragma omp for schedule(static)
             for (int64_t g = 0; g < N / ROWS; g++) {
                 const int64_t n0 = g * ROWS;
+                if (use_avx512) { /* scratch as two interleaved pairs, six input rows a pass (nf4_avx512.h) */
+                    prefill_task_512(n0, m0, m1, K, x, ldx, w, absmax, bs, code, mine, y, ldy);
+                    continue;
+                }
                 float t0[ROWS], t1[ROWS], t2[ROWS];
                 dequant_rows(n0, K, w, absmax, bs, p, mine);
                 int64_t m = m0;

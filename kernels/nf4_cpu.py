@@ -156,12 +156,17 @@ def install(model, folder: Path | None = None) -> KernelInfo:
     fn, why = native.function("nf4_cpu", "spectui_nf4_matmul", ARGTYPES, folder)  # disabled, no AVX2, no compiler: why
     if fn is None:
         return KernelInfo(reason=why)
-    wide = set_avx512(os.environ.get(AVX512_VAR, "1").strip() != "0")
+    wide = set_avx512(avx512_wanted())
     for m in layers:
         m.spectui_kernel = KernelMatmul(fn, [m])
         m.spectui_plain_forward = m.forward  # bitsandbytes' own, for what the kernel does not serve
         m.forward = kernel_forward.__get__(m)  # this instance only: Linear4bit itself is untouched
     return KernelInfo(installed=len(layers), avx512=wide)
+
+
+def avx512_wanted() -> bool:
+    """Whether the environment lets nf4_cpu.c take its AVX-512 path (SPECTUI_NF4_AVX512, on unless "0")."""
+    return os.environ.get(AVX512_VAR, "1").strip() != "0"
 
 
 def set_avx512(on: bool) -> bool:

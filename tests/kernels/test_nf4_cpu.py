@@ -7,8 +7,6 @@ bitsandbytes' fp32 path. And where the kernel cannot serve, the layers stay bits
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -192,4 +190,4 @@ def test_the_avx512_path_gives_the_avx2_paths_bits(tmp_path, shape):
                 assert torch.equal(wide.view(torch.int32), narrow.view(torch.int32)), (M, add, threads)
                 assert wide.abs().sum() > 0
     finally:
-        nf4_cpu.set_avx512(os.environ.get(nf4_cpu.AVX512_VAR, "1").strip() != "0")
+        nf4_cpu.set_avx512(nf4_cpu.avx512_wanted())
