@@ -40,15 +40,16 @@ def test_the_screen_gives_the_canonical_argmax(seed, product, rows):
     head, X = head_and_rows(seed)
     screen = ArgmaxScreen(head, product)
     calls, tokens = [], []
+    in_c = screen.decide is not None and screen.screen_in_c(X[:rows]) is not None  # a C product serves `rows`
     for i in range(0, len(X), rows):  # `rows` a call
         calls.append(screen(X[None, i:i + rows])[0])
         tokens.append(screen.tokens)
     got = torch.cat(calls)  # [M, V]
     canonical = torch.stack([head.canonical(x) for x in X])  # the one-token way, row by row
     assert torch.equal(got.argmax(-1), canonical.argmax(-1))
-    if screen.decide is not None:  # a C decision names each row's token, planted ties' included
+    if in_c:  # a C decision names each row's token, planted ties' included
         assert [t for call in tokens for t in call] == canonical.argmax(-1).tolist()
-    else:
+    else:  # torch's product (dot beyond dot_rows() rows on AMX CPUs): the caller scans the logits
         assert all(t is None for t in tokens)
     assert screen.recomputed >= 1  # planted ties went the canonical way ...
     assert screen.screened >= X.shape[0] // 2  # ... the other rows were decided by their candidates
@@ -92,6 +93,9 @@ def test_the_decision_in_c_picks_the_sets_and_tokens_torch_picks(M, V, product):
     head, X = head_and_rows(5, V=V, ties=False, M=M)
     X[0] = 0  # a flat row: every token a candidate, more than the C list holds
     screen = ArgmaxScreen(head, product)
+    if product == "dot" and M > screen.dot_rows:  # torch's product serves these rows (AMX CPUs: dot_rows() 2)
+        assert screen.screen_in_c(X) is None
+        pytest.skip(f"the vdpbf16ps loop screens at most {screen.dot_rows} rows on this CPU")
     assert screen.decide is not None and screen.screen_in_c(X) is not None
     norms = X.norm(dim=-1) * (1 + 1e-5)
     slack = 2 * screen.eps_per_norm * norms
