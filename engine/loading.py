@@ -222,8 +222,8 @@ def load_drafter(folder: Path, device: str):
 def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "sdpa", dtype: torch.dtype | None = None,
                    kernel_dir: Path | None = None, quantized_dir: Path | None = None):
     """A causal LM as the engine runs it. On CPU with the exact attention, the output layer becomes a
-    GuardedHead and, where bitsandbytes has no fused kernel for this CPU, 4-bit layers compute with
-    kernels/nf4_cpu.py (compiled into `kernel_dir`; None: a temporary folder); `model.spectui_4bit`
+    GuardedHead and 4-bit layers compute with kernels/nf4_cpu.py (compiled into `kernel_dir`; None: a
+    temporary folder) where it builds, except on its AVX2 path where bitsandbytes has a fused kernel for this CPU; `model.spectui_4bit`
     says which path their 4-bit layers take. A 4-bit model on the CPU is quantized once and kept in
     `quantized_dir` (engine/quantization.py; None: quantized at every load)."""
     from transformers import AutoModelForCausalLM

@@ -1,11 +1,14 @@
-"""bitsandbytes' 4-bit layers on CPUs without AVX512-BF16: one fused kernel instead of dequantise + matmul.
+"""bitsandbytes' 4-bit layers on x86 CPUs: one fused kernel instead of dequantise + matmul.
 
 Without AVX512-BF16, bitsandbytes 0.50 computes a Linear4bit on CPU by dequantising the whole
 weight to fp32 on every call and then multiplying (about 0.4 ms a projection of SmolLM2-135M at one
 row, most of a 110 ms one-token step on a 2-core AVX2 machine). kernels/nf4_cpu.c reads the 4-bit
 weights as bitsandbytes stores them and multiplies as it decodes (AVX2 + FMA, OpenMP over output
 rows; on CPUs with AVX-512 F/BW/DQ/VL, a path that decodes with one lane permute and gives the same bits:
-its products 1.4-1.7x and a verify step 1.3x faster on a Skylake-SP Xeon). The weights stay bitsandbytes'
+its products 1.4-1.7x and a verify step 1.3x faster on a Skylake-SP Xeon). Where the CPU has
+AVX512-BF16, bitsandbytes has a fused bf16 kernel of its own (kernels/packed_4bit.py); the AVX-512 path
+beats it (a verify step 1.2-1.6x faster on an Intel Xeon with AMX, through the C stack), the AVX2 path
+does not, so `install` takes such layers only with the AVX-512 path. The weights stay bitsandbytes'
 4-bit tensors; nothing is dequantised into memory.
 
 Arithmetic (nf4_cpu.c's header): W[n, k] = code[q] * absmax is bitsandbytes' own dequantised weight
@@ -148,8 +151,6 @@ def install(model, folder: Path | None = None) -> KernelInfo:
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     if not layers:
         return KernelInfo(reason="no 4-bit layers")
-    if any(getattr(m, "support_avx512bf16_for_cpu", False) for m in layers):
-        return KernelInfo(reason="bitsandbytes' own fused AVX512-BF16 kernel runs these layers")
     for m in layers:
         if (problem := layout_problem(m)) is not None:
             return KernelInfo(reason=f"a 4-bit layer has {problem}")
@@ -157,6 +158,14 @@ def install(model, folder: Path | None = None) -> KernelInfo:
     if fn is None:
         return KernelInfo(reason=why)
     wide = set_avx512(avx512_wanted())
+    if any(getattr(m, "support_avx512bf16_for_cpu", False) for m in layers):
+        # bitsandbytes' fused bf16 kernel would run them (AVX512-BF16 CPUs). On an Intel Xeon with AMX a verify
+        # step through this kernel's AVX-512 path and the C stack took 0.63-0.85x the time of one through that
+        # kernel (kernels/packed_4bit.c), and through its AVX2 path 0.78-1.39x: take them only with AVX-512.
+        if not wide:
+            return KernelInfo(reason="bitsandbytes' own fused AVX512-BF16 kernel runs these layers")
+        for m in layers:
+            m.support_avx512bf16_for_cpu = False  # its own forward (kept below) dequantises; no repacking
     for m in layers:
         m.spectui_kernel = KernelMatmul(fn, [m])
         m.spectui_plain_forward = m.forward  # bitsandbytes' own, for what the kernel does not serve

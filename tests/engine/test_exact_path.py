@@ -46,12 +46,21 @@ def test_a_chain_pass_gives_each_token_its_one_token_bits(embedded_models, promp
     torch.testing.assert_close(z_chain, z_single, atol=1e-3, rtol=0)
 
 
-def test_the_fused_4bit_kernel_runs_where_the_cpu_has_it(embedded_models):
+def test_the_4bit_layers_run_the_kernel_chosen_for_this_cpu(embedded_models):
+    """spectui's kernel (kernels/nf4_cpu.py) where its AVX-512 path runs, or where bitsandbytes has no fused
+    kernel for this CPU; bitsandbytes' fused bf16 kernel (its packed CPU layout) where the CPU has AVX512-BF16
+    and spectui's kernel would run its AVX2 path."""
     import bitsandbytes as bnb
+
+    from spectui.kernels import nf4_cpu
 
     with torch.inference_mode():
         embedded_models.verifier(input_ids=torch.tensor([[1, 2, 3]]))  # bitsandbytes repacks at the first forward
     layers = [mod for mod in embedded_models.verifier.modules() if isinstance(mod, bnb.nn.Linear4bit)]
     assert layers and all(layer.weight.quant_state is not None for layer in layers)
     packed = {bool(getattr(layer.weight.quant_state, "packing_format_for_cpu", False)) for layer in layers}
-    assert packed == {has_avx512bf16()}
+    ours = {nf4_cpu.uses_kernel(layer) for layer in layers}
+    described = embedded_models.verifier.spectui_4bit
+    assert len(ours) == 1 and described.startswith("spectui 4-bit kernel") == ours.pop()
+    fused = has_avx512bf16() and not described.startswith("spectui 4-bit kernel (AVX-512")
+    assert packed == {fused}

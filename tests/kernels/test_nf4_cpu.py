@@ -113,9 +113,24 @@ def test_layers_the_kernel_cannot_take_are_left_to_bitsandbytes(tmp_path):
                          (linear_4bit(128, 6, "nf4", 0), "shape")]:  # N not in groups of 4 rows
         info = nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
         assert info.installed == 0 and words in info.reason and not nf4_cpu.uses_kernel(layer)
+
+
+@pytest.mark.parametrize("avx512", ["1", "0"])
+def test_a_layer_for_bitsandbytes_fused_kernel_is_taken_only_with_the_avx512_path(tmp_path, monkeypatch, avx512):
+    """On AVX512-BF16 CPUs bitsandbytes would run a layer through its fused bf16 kernel: the kernel takes it
+    where its AVX-512 path runs (faster there), and leaves it on the AVX2 path (no faster)."""
+    before = nf4_cpu.avx512_wanted()
+    monkeypatch.setenv(nf4_cpu.AVX512_VAR, avx512)
     fused = linear_4bit(128, 64, "nf4", 0)
     fused.support_avx512bf16_for_cpu = True  # bitsandbytes' own fused kernel would run it
-    assert nf4_cpu.install(torch.nn.Sequential(fused), tmp_path).installed == 0
+    try:
+        info = nf4_cpu.install(torch.nn.Sequential(fused), tmp_path)
+    finally:
+        nf4_cpu.set_avx512(before)  # as the environment says, for the other tests
+    if info.avx512:
+        assert info.installed == 1 and nf4_cpu.uses_kernel(fused) and not fused.support_avx512bf16_for_cpu
+    else:
+        assert info.installed == 0 and "fused" in info.reason and fused.support_avx512bf16_for_cpu
 
 
 def test_without_a_compiler_nothing_is_installed_and_the_reason_is_given(tmp_path, monkeypatch):
