@@ -253,7 +253,7 @@ def load_causal_lm(folder: Path, device: str, quant: str = "none", attn: str = "
         if quant in ("nf4", "fp4"):
             packed_4bit.prepare(kernel_dir)  # bitsandbytes' fused product, 8 rows a decoded weight (AVX512-BF16)
             native.get("glue_cpu", kernel_dir)  # the glue between LeanModel's kernels
-            native.get("stack_cpu", kernel_dir)  # their calls for every layer at once (AVX2 4-bit path)
+            native.get("stack_cpu", kernel_dir)  # their calls for every layer at once (spectui 4-bit path)
             model.spectui_4bit = install_4bit_kernel(model, kernel_dir).describe()
     elif config is not None and device == "cpu":
         keep_fp32_compute(model)
