@@ -9,16 +9,17 @@
  *
  * costs about 25 torch ops a call in eager mode, a few microseconds of dispatch each: 1.2 ms for two
  * rows, where its five products (bf16 weights, 3.5 M of them) take 0.3. Here the products go through
- * dense_cpu.c's spectui_dot_bf16 (its address is passed in: each C file is its own library) and the rest
- * is plain loops over T rows.
+ * dense_cpu.c's spectui_dense_int8_x16 (its address is passed in: each C file is its own library) and the
+ * rest is plain loops over T rows.
  *
  * Drafts need no exact arithmetic (the verifier decides every token), so this computes in fp32 what
  * the torch path computes in bf16: inputs of a product are rounded to bf16 (the dot reads bf16), its
  * sums and everything between products stay fp32. The key/value cache is the drafter's own, bf16
  * [Hkv, cap, D] per tensor (fp32 with kv_fp32: a drafter in fp32, on AVX2 CPUs); this call writes the
- * rows' keys and values at slots used .. used + T - 1. The products: dense_cpu.c's spectui_dot_bf16
- * (AVX512-BF16) or, on other AVX2 CPUs, its spectui_dense_int8_x16 (int8 weights, a scale a row, widened to
- * fp32): the weights are passed as the product reads them, bf16 [N, K] or that int8 block.
+ * rows' keys and values at slots used .. used + T - 1. The products read int8 weights, a scale a row,
+ * widened to fp32 (kernels/head_layer.py says why); the weights are passed as the product reads them,
+ * that int8 block (any product of dot_fn's signature serves: dense_cpu.c's spectui_dot_bf16 reads bf16
+ * [N, K]).
  * Row t sees slot j when mask[t * (used + T) + j] != 0, or, without a mask, when j <= used + t (causal).
  * prev_t is f_{t-1} (P = H), or f_{t-1} ; e(x_{t-1}) for a head that reads the previous token (P = 2H).
  */

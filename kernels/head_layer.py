@@ -2,18 +2,20 @@
 
 engine/feature_head.py's torch forward spends most of a drafting level's time dispatching some 25
 small ops (1.2 ms for two rows, of which the products are 0.3). `head_layer()` gives a HeadLayer
-where both libraries build: its products are dense_cpu.c's bf16 dot on CPUs with AVX512-BF16 (a
-drafter in bf16, its cache bf16), its int8-weight product with the rows widened to fp32 on other
-AVX2 CPUs (a drafter in fp32, its cache fp32); else None and the head keeps torch's ops. It
-computes in fp32 between bf16 products, the torch path in bf16: drafts, not the verifier's tokens,
-so the two need only agree closely (tests/kernels/test_head_layer.py bounds the difference and
-checks the cache writes).
+where both libraries build: its products are dense_cpu.c's int8-weight product (`int8_layer`: one
+scale a row) with the rows widened to fp32, on every AVX2 CPU (the drafter's cache bf16 where the
+drafter is, on AVX512-BF16 CPUs, fp32 elsewhere); else None and the head keeps torch's ops. It
+computes in fp32 between products whose inputs are rounded to bf16, the torch path in bf16: drafts,
+not the verifier's tokens, so the two need only agree closely (tests/kernels/test_head_layer.py bounds
+the difference and checks the cache writes).
 
-Int8 weights (one scale a row, `int8_layer`) on AVX2: a drafting step's layer reads its 4.2 M weights
-from memory (the verifier's pass in between evicts them), and half the bytes of bf16 took a call from
-642 to 548 us in drafting steps on the Vicuna questions (2-core AVX2 EPYC, both in one process); the
-head's top-1 agreement with the verifier on the evaluation answers moved by 0.1 point, less than its
-noise (docs/performance.md, stop 55).
+Why int8: a drafting step's layer reads its 4.2 M weights from memory (the verifier's pass in between
+evicts them), and reading is the cost. Against bf16 weights, half the bytes took a call from 642 to
+548 us in drafting steps on the Vicuna questions (2-core AVX2 EPYC, both in one process; the head's
+top-1 agreement with the verifier moved by 0.1 point, less than its noise: docs/performance.md, stop
+55), and on a Xeon with AVX512-BF16 and AMX, where dense_cpu.c's vdpbf16ps dot read bf16, a drafting
+level from 1.24 to 0.98 ms (median, expand calls; the first level with its catch-up 1.18 -> 0.97 ms;
+/work/exp/k66/head_ab.py, alternating per prompt; docs/performance.md, stop 66).
 """
 
 from __future__ import annotations
@@ -56,10 +58,9 @@ class HeadLayer:
     rows, bf16 [T, H]; the rows' keys and values are written into the cache at slots used .. used + T - 1."""
 
     def __init__(self, fn, dot_address: int, weights: dict, embed: torch.Tensor, heads: int, kv_heads: int,
-                 head_dim: int, rope_theta: float, eps: float, int8: bool = False) -> None:
+                 head_dim: int, rope_theta: float, eps: float) -> None:
         self.fn, self.dot = fn, dot_address
-        weight = int8_layer if int8 else bf16  # the products' format (product_name)
-        self.w = {name: (weight(w) if name.endswith("_w") else f32(w)) for name, w in weights.items()}
+        self.w = {name: (int8_layer(w) if name.endswith("_w") else f32(w)) for name, w in weights.items()}  # PRODUCT's format
         self.embed = bf16(embed)  # [V, H]
         self.H = self.embed.shape[1]
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -101,9 +102,7 @@ def prepare(folder: Path | None) -> None:
     native.get("head_layer", folder)  # (None, why) where it cannot build: no AVX2, no compiler
 
 
-def product_name() -> str:
-    """dense_cpu.c's product the layer calls: vdpbf16ps with AVX512-BF16, else int8 weights read with AVX2."""
-    return "spectui_dot_bf16" if torch.cpu._is_avx512_bf16_supported() else "spectui_dense_int8_x16"
+PRODUCT = "spectui_dense_int8_x16"  # dense_cpu.c's product the layer calls: int8 weights, read with AVX2
 
 
 def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, head_dim: int, rope_theta: float,
@@ -112,10 +111,8 @@ def head_layer(weights: dict, embed: torch.Tensor, heads: int, kv_heads: int, he
     libraries build (x86 with AVX2), else None."""
     if head_dim % 16 or head_dim > MAX_HEAD_DIM or heads % kv_heads or embed.device.type != "cpu":
         return None
-    product = product_name()
-    dot, _ = native.function("dense_cpu", product, dense_cpu.ARGTYPES, folder)
+    dot, _ = native.function("dense_cpu", PRODUCT, dense_cpu.ARGTYPES, folder)
     fn, _ = native.function("head_layer", "spectui_head_layer", ARGTYPES, folder)
     if dot is None or fn is None:
         return None
-    return HeadLayer(fn, ct.cast(dot, ct.c_void_p).value, weights, embed, heads, kv_heads, head_dim, rope_theta, eps,
-                     int8=product == "spectui_dense_int8_x16")
+    return HeadLayer(fn, ct.cast(dot, ct.c_void_p).value, weights, embed, heads, kv_heads, head_dim, rope_theta, eps)
