@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.head_layer import MAX_ROWS as MAX_KERNEL_ROWS
+from ..kernels.head_layer import max_rows
 from .acceptance_model import prob_bin
 from .drafters import hang_top
 from .feature_head import FeatureHead
@@ -63,6 +63,7 @@ class FeatureDrafter:
         self.fed = 0  # committed slots (positions offset + 1 .. offset + fed)
         self.used = 0  # slots in use, drafted ones included
         self.fed_last = 0  # positions the last catch_up fed
+        self.kernel_rows = max_rows(self.dtype)  # rows a call of the head's C layer takes at most
 
     # ----------------------------------------------------------------- state
     def reset(self) -> None:
@@ -120,7 +121,7 @@ class FeatureDrafter:
         self._reserve(self.used + T)
         layer = self.head.layer_kernel
         before = None if before is None else torch.tensor(before)
-        if layer is not None and T <= MAX_KERNEL_ROWS:  # a level or a steady catch-up: one C call
+        if layer is not None and T <= self.kernel_rows:  # a level, a catch-up (head_layer.max_rows): one C call
             rows = self.head.prev_inputs(prev, before)  # [T, H], or [T, 2H] with e(x_{t-1})
             out = layer(tokens, rows, positions, self.kv[:, 0], self.used, None if mask is None else mask[0, 0])
             self.used += T

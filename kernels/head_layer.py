@@ -32,7 +32,18 @@ I64, PTR = ct.c_int64, ct.c_void_p
 #                    qkv_w, o_w, norm_post, gu_w, down_w, eps, kcache, vcache, cap, used, mask, out, dot, threads,
 #                    kv_fp32)
 ARGTYPES = [I64] * 7 + [PTR] * 13 + [ct.c_float, PTR, PTR, I64, I64, PTR, PTR, PTR, ct.c_int, ct.c_int]
-MAX_ROWS = 8  # more rows (a prompt's catch-up) go to torch, whose products batch them better
+MAX_ROWS = 8  # rows a call takes at most (max_rows) where torch's products are MKL's fp32 ones
+MAX_ROWS_BF16 = 128  # ... and where the drafter is bf16: a fresh cache's whole catch-up (engine/feature_drafter.py feeds 128)
+
+
+def max_rows(dtype: torch.dtype) -> int:
+    """Rows one call of the layer takes at most for a drafter in `dtype`; more go to torch's forward.
+    fp32 (AVX2 CPUs): a drafting level or a steady catch-up, MAX_ROWS; MKL's products batch a prompt's
+    catch-up better. bf16 (AVX512-BF16 CPUs): MAX_ROWS_BF16, a fresh cache's whole catch-up: oneDNN builds
+    its bf16 products anew for each row count it has not seen, and the first catch-up of a prompt (39-67
+    rows) took 3.5-30 ms through torch (3.5 only for a length seen before) against 4.5-7.3 ms here
+    (Vicuna questions, Xeon with AMX, /work/exp/k66/first_begin.py; docs/performance.md, stop 66)."""
+    return MAX_ROWS_BF16 if dtype == torch.bfloat16 else MAX_ROWS
 MAX_HEAD_DIM = 256
 
 
