@@ -62,5 +62,5 @@ def test_the_4bit_layers_run_the_kernel_chosen_for_this_cpu(embedded_models):
     ours = {nf4_cpu.uses_kernel(layer) for layer in layers}
     described = embedded_models.verifier.spectui_4bit
     assert len(ours) == 1 and described.startswith("spectui 4-bit kernel") == ours.pop()
-    fused = has_avx512bf16() and not described.startswith("spectui 4-bit kernel (AVX-512")
+    fused = has_avx512bf16() and not described.startswith(("spectui 4-bit kernel (AVX-512", "spectui 4-bit kernel (AMX"))
     assert packed == {fused}

@@ -16,6 +16,12 @@ pytestmark = pytest.mark.skipif(not native.cpu_supported() or native.compiler() 
                                 reason="the kernel needs x86-64 with AVX2/FMA and a C compiler")
 
 
+@pytest.fixture(autouse=True)
+def fp32_kernel(monkeypatch):
+    """These tests are nf4_cpu.c's: where the CPU has AMX, `install` would take nf4_amx.c (tests/kernels/test_nf4_amx.py)."""
+    monkeypatch.setenv(nf4_cpu.AMX_VAR, "0")
+
+
 def linear_4bit(in_features: int, out_features: int, quant_type: str, seed: int, bias: bool = False, nested: bool = False):
     import bitsandbytes as bnb
 
@@ -27,6 +33,20 @@ def linear_4bit(in_features: int, out_features: int, quant_type: str, seed: int,
     layer = layer.to("cpu").eval()
     layer.support_avx512bf16_for_cpu = False  # bitsandbytes' fp32 path, as on a CPU without AVX512-BF16
     return layer
+
+
+def three_ways(layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layer(x) for x's rows together, each alone, and together on one thread."""
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        together = layer(x)
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(x.shape[0])])
+        torch.set_num_threads(1)
+        try:
+            one_thread = layer(x)
+        finally:
+            torch.set_num_threads(threads)
+    return together, alone, one_thread
 
 
 def exact(layer, x: torch.Tensor) -> torch.Tensor:
@@ -60,15 +80,8 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads(tmp_path
     layer = linear_4bit(576, 192, "nf4", seed=rows)
     nf4_cpu.install(torch.nn.Sequential(layer), tmp_path)
     x = torch.randn(rows, 576)
-    threads = torch.get_num_threads()
+    together, alone, one_thread = three_ways(layer, x)
     with torch.inference_mode():
-        together = layer(x)
-        alone = torch.cat([layer(x[i:i + 1]) for i in range(rows)])
-        torch.set_num_threads(1)
-        try:
-            one_thread = layer(x)
-        finally:
-            torch.set_num_threads(threads)
         batched = layer(x.view(1, rows, 576))  # [B, T, K] as the model calls it
     assert torch.equal(together, alone)
     assert torch.equal(together, one_thread)
