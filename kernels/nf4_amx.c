@@ -133,7 +133,7 @@ static TARGET_AMX inline void dot_group(int G, const uint16_t *xb, int64_t K, in
 }
 
 /* The G tiles of blocks nb0 .. at k-tile kt into tiles [G][512], fetching those PREFETCH_BLOCKS blocks ahead
- * (the thread's next groups: static schedule, contiguous blocks; a prefetch never faults). */
+ * (the thread's own next groups: each thread takes one contiguous share of the blocks; a prefetch never faults). */
 #define PREFETCH_BLOCKS 8
 static TARGET_AMX inline void decode_group(int G, const uint8_t *wt, int64_t nb0, int64_t KT, int64_t kt, __m512i lut,
                                            uint16_t *tiles) {
