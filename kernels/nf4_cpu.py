@@ -155,9 +155,12 @@ class KernelMatmul:
 
 
 def kernel_group(modules) -> KernelMatmul | None:
-    """One kernel call for these modules (same input), or None unless the kernel runs each of them."""
+    """One kernel call for these modules (same input), or None unless the kernel runs each of them. One module:
+    its own kernel (a second KernelMatmul would hold a second copy of nf4_amx.c's tiles)."""
     if not modules or not all(uses_kernel(m) for m in modules):
         return None
+    if len(modules) == 1:
+        return modules[0].spectui_kernel
     states = [m.weight.quant_state for m in modules]
     if len({(int(s.shape[1]), int(s.blocksize), tuple(s.code.tolist())) for s in states}) != 1:
         return None
@@ -188,18 +191,15 @@ def install(model, folder: Path | None = None) -> KernelInfo:
         return KernelInfo(reason=why)
     wide = set_avx512(avx512_wanted())
     tiles, repack = amx_kernel(folder) if all(int(m.weight.quant_state.shape[0]) % AMX_ROWS == 0 for m in layers) else (None, None)
-    if tiles is not None:
-        for m in layers:  # bitsandbytes' own forward (kept below) then dequantises; nothing is repacked for it
-            m.support_avx512bf16_for_cpu = False
-        fn = tiles
-    elif any(getattr(m, "support_avx512bf16_for_cpu", False) for m in layers):
-        # bitsandbytes' fused bf16 kernel would run them (AVX512-BF16 CPUs). On an Intel Xeon with AMX a verify
-        # step through this kernel's AVX-512 path and the C stack took 0.63-0.85x the time of one through that
-        # kernel (kernels/packed_4bit.c), and through its AVX2 path 0.78-1.39x: take them only with AVX-512.
-        if not wide:
-            return KernelInfo(reason="bitsandbytes' own fused AVX512-BF16 kernel runs these layers")
-        for m in layers:
-            m.support_avx512bf16_for_cpu = False  # its own forward (kept below) dequantises; no repacking
+    fused = [m for m in layers if getattr(m, "support_avx512bf16_for_cpu", False)]
+    # bitsandbytes' fused bf16 kernel would run these (AVX512-BF16 CPUs). On an Intel Xeon with AMX a verify step
+    # through nf4_cpu.c's AVX-512 path and the C stack took 0.63-0.85x the time of one through that kernel
+    # (kernels/packed_4bit.c), and through its AVX2 path 0.78-1.39x: take them only with AVX-512 (or AMX tiles).
+    if fused and tiles is None and not wide:
+        return KernelInfo(reason="bitsandbytes' own fused AVX512-BF16 kernel runs these layers")
+    for m in fused:
+        m.support_avx512bf16_for_cpu = False  # its own forward (kept below) dequantises; no repacking
+    fn = tiles or fn
     for m in layers:
         m.spectui_kernel = KernelMatmul(fn, [m], repack)
         m.spectui_plain_forward = m.forward  # bitsandbytes' own, for what the kernel does not serve
