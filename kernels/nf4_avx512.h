@@ -44,8 +44,6 @@ INLINE512 void decode_pair(__m128i bytes, __m512 code, __m512 s, __m512 *even, _
 #define CHUNK2_512(acc, x)                                                                                    \
     acc = _mm512_fmadd_ps(BCAST(x, 8), o0, _mm512_fmadd_ps(BCAST(x, 0), e0, acc));                           \
     acc = _mm512_fmadd_ps(BCAST(x, 24), o1, _mm512_fmadd_ps(BCAST(x, 16), e1, acc))
-/* the next task's weight bytes at p into cache while this task computes (a prefetch past w's end never faults) */
-#define PREFETCH_NEXT(p) _mm_prefetch((p), _MM_HINT_T0)
 #define SCALES(sa_, sb_) _mm512_insertf32x8(_mm512_set1_ps(sa_), _mm256_set1_ps(sb_), 1)
 /* a pair's sums: row a's from lanes 0-7, row b's from lanes 8-15, each in hsum's order */
 #define STORE_PAIR(acc, ya_, yb_)                                         \
