@@ -270,8 +270,7 @@ static int matmul(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, 
     const Planes planes = code_planes(code), *p = &planes;
     if (use_avx512 < 0) spectui_nf4_set_avx512(1);
     if (use_avx512 && M <= 8) {
-        matmul_512(M, N, K, x, ldx, w, absmax, bs, code, p, y, ldy, threads);
-        return 0;
+        return matmul_512(M, N, K, x, ldx, w, absmax, bs, code, p, y, ldy, threads);
     }
     if (M == 1) {
 #pragma omp parallel for schedule(static) num_threads(threads)
