@@ -4,7 +4,7 @@
 #pragma once
 /* AVX-512 (F, BW, DQ, VL) without changing a bit. A zmm holds two weight rows side by side, row a in
  * lanes 0-7 and row b in lanes 8-15, so each half runs exactly nf4_cpu.c's 8-lane order for its row; the
- * input's 8 values go to both halves (a broadcast, or for 2-7 input rows a load of rows written doubled). A group's code values come from one lane permute of
+ * input's 8 values are broadcast to both halves. A group's code values come from one lane permute of
  * the code itself (vpermps: 16 fp32 entries, a nibble an index) instead of the four byte planes' shuffles
  * and unpacks: per 16 weights of two rows, one byte widening, a shift, an and and two permutes. Each
  * product W = code[q] * s is the same one fp32 multiply, and each fused multiply-add the same, so y has
@@ -47,11 +47,10 @@ INLINE512 void decode_pair(__m128i bytes, __m512 code, __m512 s, __m512 *even, _
 #define CHUNK2_512(acc, x)                                                                                    \
     acc = _mm512_fmadd_ps(BCAST(x, 8), o0, _mm512_fmadd_ps(BCAST(x, 0), e0, acc));                           \
     acc = _mm512_fmadd_ps(BCAST(x, 24), o1, _mm512_fmadd_ps(BCAST(x, 16), e1, acc))
-/* CHUNK2_512 in gemv_two_pairs_512 and gemv_one_pair_512: input rows doubled where `rows` <= DOUBLED_ROWS */
-#define XV(x, off) (rows <= DOUBLED_ROWS ? DOUBLED(x, off) : BCAST(x, off))
-#define CHUNK2_ROWS(acc, x)                                                                  \
-    acc = _mm512_fmadd_ps(XV(x, 8), o0, _mm512_fmadd_ps(XV(x, 0), e0, acc));                \
-    acc = _mm512_fmadd_ps(XV(x, 24), o1, _mm512_fmadd_ps(XV(x, 16), e1, acc))
+/* CHUNK2_512 from a doubled input row (gemv_two_pairs_512) */
+#define CHUNK2_ROWS(acc, x)                                                                          \
+    acc = _mm512_fmadd_ps(DOUBLED(x, 8), o0, _mm512_fmadd_ps(DOUBLED(x, 0), e0, acc));              \
+    acc = _mm512_fmadd_ps(DOUBLED(x, 24), o1, _mm512_fmadd_ps(DOUBLED(x, 16), e1, acc))
 #define SCALES(sa_, sb_) _mm512_insertf32x8(_mm512_set1_ps(sa_), _mm256_set1_ps(sb_), 1)
 /* a pair's sums: row a's from lanes 0-7, row b's from lanes 8-15, each in hsum's order */
 #define STORE_PAIR(acc, ya_, yb_)                                         \
@@ -85,12 +84,11 @@ static T512 void gemv_rows_512(int64_t n0, int64_t K, const float *x, const uint
     STORE_PAIR(a3, y[n0 + 6], y[n0 + 7]);
 }
 
-/* Two to DOUBLED_ROWS input rows are read doubled: [M, 2K + DOUBLED_PAD], each 8 values of xp twice in a row, so
- * that an input load is a plain 64-byte load (the values and their order unchanged: the same bits). Over the 30
- * layers' products (two threads, a 2-core AMD EPYC Zen 4) 4-10 % faster for 2 to 7 rows and 14 % slower for 8
- * (more bytes through L1 a multiply-add), which keeps the broadcasts. The pad keeps rows 2K floats apart (a
- * multiple of 4 KB for K = 1,536) off the same L1 sets (with it 3 to 7 rows ran 4-9 % faster again). */
-#define DOUBLED_ROWS 7
+/* Two to eight input rows are read doubled: [M, 2K + DOUBLED_PAD], each 8 values of xp twice in a row, so that an
+ * input load is a plain 64-byte load the multiply-add takes as its operand, where a broadcast needs a shuffle (the
+ * values and their order unchanged: the same bits). Over the 30 layers' products (two threads, a 2-core AMD EPYC
+ * Zen 4) 4-10 % faster for 2 to 7 rows. The pad keeps rows 2K floats apart (a multiple of 4 KB for K = 1,536) off the
+ * same L1 sets (with it 3 to 7 rows ran 4-9 % faster again). */
 #define DOUBLED_PAD 16
 static float *double_rows(int64_t M, int64_t K, const float *x, int64_t ldx) {
     float *d = (float *)alloc64(sizeof(float) * M * (2 * K + DOUBLED_PAD));
@@ -104,14 +102,17 @@ static float *double_rows(int64_t M, int64_t K, const float *x, int64_t ldx) {
     return d;
 }
 
-/* M = rows = 2 to 4: weight rows n0 .. n0 + 3 as two pairs, each decoded chunk serving every input row. */
+/* M = rows = 2 to 8: weight rows n0 .. n0 + 3 as two pairs, each decoded chunk serving every input row (2 x rows
+ * accumulators: 16 at most of the 32 registers). Over the 30 layers' products, 5-8 rows ran 9-15 % faster this way
+ * than with one pair a task (8 accumulators; a 2-core AMD EPYC Zen 4), 2-4 rows as before. */
 INLINE512 void gemv_two_pairs_512(int rows, int64_t n0, int64_t K, const float *const xs[8], const uint8_t *w,
                                   const float *absmax, int64_t bs, const float *code16, float *const ys[8]) {
     const __m512 code = _mm512_loadu_ps(code16);
     const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2, *r2 = r1 + K / 2, *r3 = r2 + K / 2;
     const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs, *s2 = s1 + K / bs, *s3 = s2 + K / bs;
     const char *next = (const char *)(w + (n0 + 4) * K / 2); /* the next task's 4 rows: 64 bytes an iteration */
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
     CHUNKS(blk) {
         PREFETCH_NEXT(next + 2 * k);
         {
@@ -119,40 +120,27 @@ INLINE512 void gemv_two_pairs_512(int rows, int64_t n0, int64_t K, const float *
             CHUNK2_ROWS(a0, xs[0]); CHUNK2_ROWS(a1, xs[1]);
             if (rows > 2) { CHUNK2_ROWS(a2, xs[2]); }
             if (rows > 3) { CHUNK2_ROWS(a3, xs[3]); }
+            if (rows > 4) { CHUNK2_ROWS(a4, xs[4]); }
+            if (rows > 5) { CHUNK2_ROWS(a5, xs[5]); }
+            if (rows > 6) { CHUNK2_ROWS(a6, xs[6]); }
+            if (rows > 7) { CHUNK2_ROWS(a7, xs[7]); }
         }
         {
             DECODE_PAIR(r2, r3, SCALES(s2[blk], s3[blk]));
             CHUNK2_ROWS(b0, xs[0]); CHUNK2_ROWS(b1, xs[1]);
             if (rows > 2) { CHUNK2_ROWS(b2, xs[2]); }
             if (rows > 3) { CHUNK2_ROWS(b3, xs[3]); }
+            if (rows > 4) { CHUNK2_ROWS(b4, xs[4]); }
+            if (rows > 5) { CHUNK2_ROWS(b5, xs[5]); }
+            if (rows > 6) { CHUNK2_ROWS(b6, xs[6]); }
+            if (rows > 7) { CHUNK2_ROWS(b7, xs[7]); }
         }
     }
-    const __m512 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};
+    const __m512 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, b[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
     for (int i = 0; i < rows; i++) {
         STORE_PAIR(a[i], ys[i][n0], ys[i][n0 + 1]);
         STORE_PAIR(b[i], ys[i][n0 + 2], ys[i][n0 + 3]);
     }
-}
-
-/* M = rows = 5 to 8: weight rows n0, n0 + 1 as one pair, each decoded chunk serving every input row. */
-INLINE512 void gemv_one_pair_512(int rows, int64_t n0, int64_t K, const float *const xs[8], const uint8_t *w,
-                                 const float *absmax, int64_t bs, const float *code16, float *const ys[8]) {
-    const __m512 code = _mm512_loadu_ps(code16);
-    const uint8_t *r0 = w + n0 * K / 2, *r1 = r0 + K / 2;
-    const float *s0 = absmax + n0 * (K / bs), *s1 = s0 + K / bs;
-    const char *next = (const char *)(w + (n0 + 2) * K / 2); /* the next task's 2 rows: 32 bytes an iteration */
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    CHUNKS(blk) {
-        PREFETCH_NEXT(next + k);
-        DECODE_PAIR(r0, r1, SCALES(s0[blk], s1[blk]));
-        CHUNK2_ROWS(a0, xs[0]); CHUNK2_ROWS(a1, xs[1]); CHUNK2_ROWS(a2, xs[2]); CHUNK2_ROWS(a3, xs[3]);
-        CHUNK2_ROWS(a4, xs[4]);
-        if (rows > 5) { CHUNK2_ROWS(a5, xs[5]); }
-        if (rows > 6) { CHUNK2_ROWS(a6, xs[6]); }
-        if (rows > 7) { CHUNK2_ROWS(a7, xs[7]); }
-    }
-    const __m512 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    for (int i = 0; i < rows; i++) STORE_PAIR(a[i], ys[i][n0], ys[i][n0 + 1]);
 }
 
 #define FOR_ROWS_512(name, inner, rows)                                                                        \
@@ -163,10 +151,10 @@ INLINE512 void gemv_one_pair_512(int rows, int64_t n0, int64_t K, const float *c
 FOR_ROWS_512(gemv2_512, gemv_two_pairs_512, 2)
 FOR_ROWS_512(gemv3_512, gemv_two_pairs_512, 3)
 FOR_ROWS_512(gemv4_512, gemv_two_pairs_512, 4)
-FOR_ROWS_512(gemv5_512, gemv_one_pair_512, 5)
-FOR_ROWS_512(gemv6_512, gemv_one_pair_512, 6)
-FOR_ROWS_512(gemv7_512, gemv_one_pair_512, 7)
-FOR_ROWS_512(gemv8_512, gemv_one_pair_512, 8)
+FOR_ROWS_512(gemv5_512, gemv_two_pairs_512, 5)
+FOR_ROWS_512(gemv6_512, gemv_two_pairs_512, 6)
+FOR_ROWS_512(gemv7_512, gemv_two_pairs_512, 7)
+FOR_ROWS_512(gemv8_512, gemv_two_pairs_512, 8)
 
 typedef void (*gemv512_fn)(int64_t, int64_t, const float *const *, const uint8_t *, const float *, int64_t,
                            const float *, float *const *);
@@ -247,15 +235,15 @@ static int matmul_512(int64_t M, int64_t N, int64_t K, const float *x, int64_t l
     }
     const float *xs[8];
     float *ys[8];
-    float *doubled = M <= DOUBLED_ROWS ? double_rows(M, K, x, ldx) : NULL;
-    if (M <= DOUBLED_ROWS && doubled == NULL) return 1;
+    float *doubled = double_rows(M, K, x, ldx);
+    if (doubled == NULL) return 1;
     for (int i = 0; i < M; i++) {
-        xs[i] = doubled ? doubled + i * (2 * K + DOUBLED_PAD) : x + i * ldx;
+        xs[i] = doubled + i * (2 * K + DOUBLED_PAD);
         ys[i] = y + i * ldy;
     }
     static const gemv512_fn by_rows[9] = {0, 0, gemv2_512, gemv3_512, gemv4_512, gemv5_512, gemv6_512, gemv7_512, gemv8_512};
     const gemv512_fn fn = by_rows[M];
-    const int64_t step = M <= 4 ? 4 : 2; /* weight rows a task */
+    const int64_t step = 4; /* weight rows a task */
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < N / step; g++)
         fn(g * step, K, xs, w, absmax, bs, code, ys);
