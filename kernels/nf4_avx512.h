@@ -51,6 +51,17 @@ INLINE512 void decode_pair(__m128i bytes, __m512 code, __m512 s, __m512 *even, _
 #define CHUNK2_ROWS(acc, x)                                                                          \
     acc = _mm512_fmadd_ps(DOUBLED(x, 8), o0, _mm512_fmadd_ps(DOUBLED(x, 0), e0, acc));              \
     acc = _mm512_fmadd_ps(DOUBLED(x, 24), o1, _mm512_fmadd_ps(DOUBLED(x, 16), e1, acc))
+/* CHUNK2_ROWS of input rows 0 .. rows - 1 into accumulators acc0 .. acc7 (gemv_two_pairs_512, once a pair) */
+#define EVERY_ROW(acc)                                                                                 \
+    do {                                                                                               \
+        CHUNK2_ROWS(acc##0, xs[0]); CHUNK2_ROWS(acc##1, xs[1]);                                        \
+        if (rows > 2) { CHUNK2_ROWS(acc##2, xs[2]); }                                                  \
+        if (rows > 3) { CHUNK2_ROWS(acc##3, xs[3]); }                                                  \
+        if (rows > 4) { CHUNK2_ROWS(acc##4, xs[4]); }                                                  \
+        if (rows > 5) { CHUNK2_ROWS(acc##5, xs[5]); }                                                  \
+        if (rows > 6) { CHUNK2_ROWS(acc##6, xs[6]); }                                                  \
+        if (rows > 7) { CHUNK2_ROWS(acc##7, xs[7]); }                                                  \
+    } while (0)
 #define SCALES(sa_, sb_) _mm512_insertf32x8(_mm512_set1_ps(sa_), _mm256_set1_ps(sb_), 1)
 /* a pair's sums: row a's from lanes 0-7, row b's from lanes 8-15, each in hsum's order */
 #define STORE_PAIR(acc, ya_, yb_)                                         \
@@ -84,18 +95,18 @@ static T512 void gemv_rows_512(int64_t n0, int64_t K, const float *x, const uint
     STORE_PAIR(a3, y[n0 + 6], y[n0 + 7]);
 }
 
-/* Two to eight input rows are read doubled: [M, 2K + DOUBLED_PAD], each 8 values of xp twice in a row, so that an
+/* Two to eight input rows are read doubled: [M, DOUBLED_LD(K)], each 8 values of xp twice in a row, so that an
  * input load is a plain 64-byte load the multiply-add takes as its operand, where a broadcast needs a shuffle (the
  * values and their order unchanged: the same bits). Over the 30 layers' products (two threads, a 2-core AMD EPYC
  * Zen 4) 4-10 % faster for 2 to 7 rows. The pad keeps rows 2K floats apart (a multiple of 4 KB for K = 1,536) off the
  * same L1 sets (with it 3 to 7 rows ran 4-9 % faster again). */
-#define DOUBLED_PAD 16
+#define DOUBLED_LD(K) (2 * (K) + 16) /* floats from one doubled row to the next: 64 bytes of pad */
 static float *double_rows(int64_t M, int64_t K, const float *x, int64_t ldx) {
-    float *d = (float *)alloc64(sizeof(float) * M * (2 * K + DOUBLED_PAD));
+    float *d = (float *)alloc64(sizeof(float) * M * DOUBLED_LD(K));
     if (d == NULL) return NULL;
     for (int64_t i = 0; i < M; i++)
         for (int64_t k = 0; k < K; k += 8) {
-            float *to = d + i * (2 * K + DOUBLED_PAD) + 2 * k;
+            float *to = d + i * DOUBLED_LD(K) + 2 * k;
             memcpy(to, x + i * ldx + k, 32);
             memcpy(to + 8, x + i * ldx + k, 32);
         }
@@ -117,23 +128,11 @@ INLINE512 void gemv_two_pairs_512(int rows, int64_t n0, int64_t K, const float *
         PREFETCH_NEXT(next + 2 * k);
         {
             DECODE_PAIR(r0, r1, SCALES(s0[blk], s1[blk]));
-            CHUNK2_ROWS(a0, xs[0]); CHUNK2_ROWS(a1, xs[1]);
-            if (rows > 2) { CHUNK2_ROWS(a2, xs[2]); }
-            if (rows > 3) { CHUNK2_ROWS(a3, xs[3]); }
-            if (rows > 4) { CHUNK2_ROWS(a4, xs[4]); }
-            if (rows > 5) { CHUNK2_ROWS(a5, xs[5]); }
-            if (rows > 6) { CHUNK2_ROWS(a6, xs[6]); }
-            if (rows > 7) { CHUNK2_ROWS(a7, xs[7]); }
+            EVERY_ROW(a);
         }
         {
             DECODE_PAIR(r2, r3, SCALES(s2[blk], s3[blk]));
-            CHUNK2_ROWS(b0, xs[0]); CHUNK2_ROWS(b1, xs[1]);
-            if (rows > 2) { CHUNK2_ROWS(b2, xs[2]); }
-            if (rows > 3) { CHUNK2_ROWS(b3, xs[3]); }
-            if (rows > 4) { CHUNK2_ROWS(b4, xs[4]); }
-            if (rows > 5) { CHUNK2_ROWS(b5, xs[5]); }
-            if (rows > 6) { CHUNK2_ROWS(b6, xs[6]); }
-            if (rows > 7) { CHUNK2_ROWS(b7, xs[7]); }
+            EVERY_ROW(b);
         }
     }
     const __m512 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, b[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
@@ -182,8 +181,8 @@ static T512 void dequant_pairs_512(int64_t n0, int64_t K, const uint8_t *w, cons
 
 /* y[m + i, n0 .. n0 + 3] for `rows` (1 to 6) input rows from the dequantised pairs, each sum over k in steps of 8
  * in xp's order (dot_rows_3's): a row's bits do not depend on the rows beside it. The rows past a multiple of six
- * go through one call too (dot2_512 ... dot5_512): one at a time, on two accumulator chains, 9 to 11 input rows
- * took longer than 12 (18.7, 20.6, 22.4 against 19.7 ms over the 30 layers' products on a Zen 4 EPYC). Accumulators
+ * go through one call too (dot2_512 ... dot5_512); taken one at a time, on two accumulator chains, 9 to 11 input
+ * rows took longer than 12 (18.7, 20.6, 22.4 against 19.7 ms over the 30 layers' products on a Zen 4 EPYC). Accumulators
  * named one by one: as an array in a loop over the rows, gcc kept them in memory. */
 #define DOT_ROW(i) \
     if (rows > (i)) { const __m512 u = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + (i) * ldx + k)); \
@@ -247,7 +246,7 @@ static int matmul_512(int64_t M, int64_t N, int64_t K, const float *x, int64_t l
     float *doubled = double_rows(M, K, x, ldx);
     if (doubled == NULL) return 1;
     for (int i = 0; i < M; i++) {
-        xs[i] = doubled + i * (2 * K + DOUBLED_PAD);
+        xs[i] = doubled + i * DOUBLED_LD(K);
         ys[i] = y + i * ldy;
     }
     static const gemv512_fn by_rows[9] = {0, 0, gemv2_512, gemv3_512, gemv4_512, gemv5_512, gemv6_512, gemv7_512, gemv8_512};
